@@ -1,0 +1,55 @@
+#pragma once
+// The backend concept: where buffers live and how work on them is ordered. Host (reference),
+// CUDA and phantom (accounting only) backends satisfy it.
+//
+// Ordering model (what lets an asynchronous backend overlap communication with compute):
+// work is enqueued on streams; work on one stream runs in order; an event recorded on a stream
+// completes when the work enqueued before it has; `wait(stream, event)` makes later work on
+// `stream` start after `event`. Nothing here blocks the host except `synchronize`. The host
+// backend runs everything immediately, which is a valid schedule of the same program.
+#include <concepts>
+#include <cstddef>
+
+#include "zshard/core/dtype.hpp"
+#include "zshard/core/memory_ledger.hpp"
+
+namespace zshard {
+
+struct backend_tag {};
+
+template <class B>
+concept backend = std::same_as<typename B::zshard_tag, backend_tag> &&
+                  requires(B& b, const B& cb, std::size_t bytes, mem_category c, void* p, const void* cp, dtype t,
+                           typename B::stream& s, typename B::event& e) {
+                    typename B::stream;
+                    typename B::event;
+                    // false for the phantom backend: pointers are placeholders, never dereferenced
+                    { B::holds_storage } -> std::convertible_to<bool>;
+                    { b.ledger() } -> std::same_as<memory_ledger&>;
+                    { b.allocate(bytes, c) } -> std::same_as<void*>;
+                    b.deallocate(p, bytes, c);
+                    { b.make_stream() } -> std::same_as<typename B::stream>;
+                    { b.make_event() } -> std::same_as<typename B::event>;
+                    b.record(e, s);
+                    b.wait(s, e);
+                    b.synchronize(s);
+                    b.copy(p, cp, bytes, s);
+                    b.fill_zero(p, bytes, s);
+                    b.convert(cp, t, p, t, bytes, s);  // n elements, src dtype -> dst dtype
+                  };
+
+// Fails with a readable message naming the part of the contract a backend misses.
+template <class B>
+constexpr bool check_backend() {
+  static_assert(requires { typename B::zshard_tag; },
+                "zshard: a backend declares `using zshard_tag = zshard::backend_tag;`");
+  static_assert(requires { typename B::stream; typename B::event; },
+                "zshard: a backend defines nested types `stream` and `event`");
+  static_assert(requires(B& b, std::size_t n, mem_category c) {
+    { b.allocate(n, c) } -> std::same_as<void*>;
+  }, "zshard: a backend provides `void* allocate(std::size_t bytes, mem_category)` that charges its ledger");
+  static_assert(backend<B>, "zshard: the type does not satisfy zshard::backend; see backend/backend.hpp");
+  return true;
+}
+
+}  // namespace zshard

@@ -1,0 +1,73 @@
+#pragma once
+// The host backend: the reference implementation every engine test runs on. Memory is
+// 64-byte aligned heap memory charged to the ledger; streams run work immediately (a valid
+// schedule of the stream program), so events are complete as soon as they are recorded.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <optional>
+#include <string>
+
+#include "zshard/backend/backend.hpp"
+#include "zshard/core/error.hpp"
+
+namespace zshard {
+
+class host_backend {
+ public:
+  using zshard_tag = backend_tag;
+  static constexpr bool holds_storage = true;
+  static constexpr std::size_t alignment = 64;  // a cache line; enough for AVX-512 loads
+
+  struct stream {};
+  struct event {
+    bool recorded = false;
+  };
+
+  explicit host_backend(std::optional<std::size_t> budget_bytes = std::nullopt, std::string name = "host")
+      : ledger_(std::move(name), budget_bytes) {}
+
+  memory_ledger& ledger() noexcept { return ledger_; }
+  const memory_ledger& ledger() const noexcept { return ledger_; }
+
+  void* allocate(std::size_t bytes, mem_category c) {
+    if (bytes == 0) return nullptr;
+    ledger_.charge(c, bytes);  // throws before anything is allocated
+    const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    void* p = std::aligned_alloc(alignment, rounded);
+    if (!p) {
+      ledger_.release(c, bytes);
+      throw error(error_kind::backend, "host allocation of " + std::to_string(bytes) + " bytes for " +
+                                           std::string(to_string(c)) + " failed");
+    }
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes, mem_category c) noexcept {
+    if (!p) return;
+    std::free(p);
+    ledger_.release(c, bytes);
+  }
+
+  stream make_stream() { return {}; }
+  event make_event() { return {}; }
+  void record(event& e, stream&) noexcept { e.recorded = true; }
+  void wait(stream&, const event&) noexcept {}
+  void synchronize(stream&) noexcept {}
+
+  void copy(void* dst, const void* src, std::size_t bytes, stream&) noexcept {
+    if (bytes) std::memmove(dst, src, bytes);
+  }
+  void fill_zero(void* dst, std::size_t bytes, stream&) noexcept {
+    if (bytes) std::memset(dst, 0, bytes);
+  }
+  void convert(const void* src, dtype src_type, void* dst, dtype dst_type, std::size_t n, stream&) noexcept {
+    zshard::convert(src, src_type, dst, dst_type, n);
+  }
+
+ private:
+  memory_ledger ledger_;
+};
+
+static_assert(check_backend<host_backend>());
+
+}  // namespace zshard

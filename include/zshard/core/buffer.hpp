@@ -1,0 +1,64 @@
+#pragma once
+// An owning, move-only allocation on a backend, charged to the backend's ledger under one
+// category for its whole life (I8). The destructor returns the bytes to the backend.
+#include <cstddef>
+#include <utility>
+
+#include "zshard/core/dtype.hpp"
+#include "zshard/core/memory_ledger.hpp"
+
+namespace zshard {
+
+template <class Backend>
+class buffer {
+ public:
+  buffer() = default;
+  buffer(Backend& b, dtype type, std::size_t numel, mem_category c)
+      : backend_(&b), type_(type), numel_(numel), category_(c) {
+    data_ = b.allocate(bytes(), c);
+  }
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+  buffer(buffer&& o) noexcept { swap(o); }
+  buffer& operator=(buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      swap(o);
+    }
+    return *this;
+  }
+  ~buffer() { reset(); }
+
+  void reset() noexcept {
+    if (backend_) backend_->deallocate(data_, bytes(), category_);
+    backend_ = nullptr;
+    data_ = nullptr;
+    numel_ = 0;
+  }
+
+  void* data() const noexcept { return data_; }
+  template <class T>
+  T* as() const noexcept { return static_cast<T*>(data_); }
+  dtype type() const noexcept { return type_; }
+  std::size_t numel() const noexcept { return numel_; }
+  std::size_t bytes() const noexcept { return numel_ * size_of(type_); }
+  mem_category category() const noexcept { return category_; }
+  explicit operator bool() const noexcept { return backend_ != nullptr; }
+
+ private:
+  void swap(buffer& o) noexcept {
+    std::swap(backend_, o.backend_);
+    std::swap(data_, o.data_);
+    std::swap(type_, o.type_);
+    std::swap(numel_, o.numel_);
+    std::swap(category_, o.category_);
+  }
+
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  dtype type_ = dtype::f32;
+  std::size_t numel_ = 0;
+  mem_category category_ = mem_category::scratch;
+};
+
+}  // namespace zshard
