@@ -1,0 +1,130 @@
+#pragma once
+// The communicator concept: the collectives ZeRO-3 needs, over plain host or device pointers.
+// The thread, MPI and NCCL communicators satisfy it; the engine is written against it only.
+//
+// Contract every communicator keeps (tests in tests/comm hold the thread communicator to it):
+//
+// - Equal counts. Every collective takes the same `count` on every rank, and every rank must
+//   call the same collectives in the same order with the same count, dtype, op and root. The
+//   caller pads, not the communicator: a parameter of n elements over w ranks is stored as
+//   padded_count(n, w) = shard_count(n, w) * w elements, and rank r owns elements
+//   [r * shard_count, (r + 1) * shard_count). Padding is zero and stays zero under sum,
+//   average and max-of-zeros, so it never leaks into real elements.
+// - Layout. all_gather: each rank contributes `count` elements; dst holds size() * count with
+//   rank r's block at r * count. reduce_scatter: src holds size() * count; rank r receives the
+//   reduction of block r (count elements). all_reduce and broadcast: count elements in place.
+// - In place. all_reduce accepts src == dst. all_gather accepts src == dst + rank() * count,
+//   reduce_scatter accepts dst == src + rank() * count (NCCL's rules). Any other overlap
+//   between src and dst is a usage error.
+// - Ops. reduce_scatter takes sum or average; all_reduce takes sum, average or max. average is
+//   the sum divided by size() (one division, in f32).
+// - Determinism. Reductions add ranks in rank order 0..size()-1, so the result does not depend
+//   on timing and every rank receives bitwise identical values; a rerun reproduces them.
+// - Precision. bf16 and f16 are reduced with f32 accumulation and rounded to the element type
+//   once, at the end, to nearest even. f32 is summed in f32.
+// - count == 0 is valid: the collective still synchronises (and checks arguments match);
+//   pointers may then be null.
+// - Failure. A collective that fails (a peer failed, a timeout, mismatched arguments) throws
+//   zshard::error with error_kind::comm; bad arguments on the calling rank (null pointer with
+//   count > 0, bad root, unsupported op) throw error_kind::usage.
+#include <concepts>
+#include <cstddef>
+
+#include "zshard/core/dtype.hpp"
+#include "zshard/core/error.hpp"
+
+namespace zshard {
+
+enum class reduce_op { sum, average, max };  // average = sum / size()
+
+constexpr std::string_view to_string(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum:
+      return "sum";
+    case reduce_op::average:
+      return "average";
+    case reduce_op::max:
+      return "max";
+  }
+  return "?";
+}
+
+// A communicator opts in by declaring `using zshard_tag = zshard::communicator_tag;`, so a
+// type that merely happens to have matching member names is not taken for one.
+struct communicator_tag {};
+
+// Elements each rank owns of a parameter of n elements over `world` ranks: ceil(n / world).
+constexpr std::size_t shard_count(std::size_t n, int world) {
+  if (world <= 0) throw error(error_kind::config, "world size must be positive");
+  const auto w = static_cast<std::size_t>(world);
+  return n / w + (n % w != 0 ? 1 : 0);
+}
+
+// Elements the partitioner allocates for a full (gathered) parameter: n rounded up to a
+// multiple of `world`, so every rank contributes an equal shard to the collectives.
+constexpr std::size_t padded_count(std::size_t n, int world) {
+  return shard_count(n, world) * static_cast<std::size_t>(world);
+}
+
+namespace detail {
+template <class C>
+concept comm_tagged = requires {
+  typename C::zshard_tag;
+}
+&&std::same_as<typename C::zshard_tag, communicator_tag>;
+template <class C>
+concept comm_has_rank_size = requires(const C& cc) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+};
+template <class C>
+concept comm_has_all_gather = requires(C& c, const void* src, void* dst, std::size_t count, dtype t) {
+  c.all_gather(src, dst, count, t);
+};
+template <class C>
+concept comm_has_reduce_scatter = requires(C& c, const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+  c.reduce_scatter(src, dst, count, t, op);
+};
+template <class C>
+concept comm_has_all_reduce = requires(C& c, const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+  c.all_reduce(src, dst, count, t, op);
+};
+template <class C>
+concept comm_has_broadcast = requires(C& c, void* dst, std::size_t count, dtype t, int root) {
+  c.broadcast(dst, count, t, root);
+};
+template <class C>
+concept comm_has_barrier = requires(C& c) {
+  c.barrier();
+};
+}  // namespace detail
+
+// Spelled as the conjunction of the pieces check_communicator() reports one by one, so the
+// concept and its diagnostics cannot drift apart.
+template <class C>
+concept communicator = detail::comm_tagged<C> && detail::comm_has_rank_size<C> && detail::comm_has_all_gather<C> &&
+    detail::comm_has_reduce_scatter<C> && detail::comm_has_all_reduce<C> && detail::comm_has_broadcast<C> &&
+    detail::comm_has_barrier<C>;
+
+// `static_assert(check_communicator<my_comm>());` next to a communicator's definition: each
+// missing piece of the contract fails with its own message instead of a wall of template text.
+template <class C>
+constexpr bool check_communicator() {
+  static_assert(detail::comm_tagged<C>, "zshard: C must declare `using zshard_tag = zshard::communicator_tag;`");
+  static_assert(detail::comm_has_rank_size<C>,
+                "zshard: a communicator provides `int rank() const` and `int size() const`");
+  static_assert(detail::comm_has_all_gather<C>,
+                "zshard: a communicator provides `all_gather(const void* src, void* dst, std::size_t count, dtype)`");
+  static_assert(detail::comm_has_reduce_scatter<C>,
+                "zshard: a communicator provides "
+                "`reduce_scatter(const void* src, void* dst, std::size_t count, dtype, reduce_op)`");
+  static_assert(detail::comm_has_all_reduce<C>,
+                "zshard: a communicator provides "
+                "`all_reduce(const void* src, void* dst, std::size_t count, dtype, reduce_op)`");
+  static_assert(detail::comm_has_broadcast<C>,
+                "zshard: a communicator provides `broadcast(void* dst, std::size_t count, dtype, int root)`");
+  static_assert(detail::comm_has_barrier<C>, "zshard: a communicator provides `barrier()`");
+  return communicator<C>;
+}
+
+}  // namespace zshard

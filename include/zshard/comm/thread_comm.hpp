@@ -1,0 +1,461 @@
+#pragma once
+// N ranks as threads in one process: the embedded default communicator, and the one every
+// engine test runs on. A thread_world owns the rendezvous state; thread_comm is a light
+// per-rank handle on it. run_ranks() starts one thread per rank and reports the root failure.
+//
+// How a collective runs: each rank publishes its arguments and buffer pointers in its slot and
+// meets the others (the "enter" rendezvous, where the last to arrive checks that all ranks
+// called the same collective with the same count, dtype, op and root). Each rank then does
+// its own share by reading peers' buffers directly, and all meet again ("exit") so nobody
+// returns, and frees or reuses a buffer, while a peer still reads it. Every cross-thread read
+// is ordered by the mutex taken in the rendezvous, which is what keeps ThreadSanitizer quiet.
+//
+// Failure: thread_world::abort() or a timeout poisons the world; every rank waiting in or
+// entering a collective then throws error_kind::comm instead of hanging. A rank waiting while
+// a peer is still between rendezvous (possibly reading its buffers) waits for that peer to
+// arrive first, so an abort never frees memory from under a reader.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "zshard/comm/communicator.hpp"
+
+namespace zshard {
+
+inline constexpr std::chrono::milliseconds default_comm_timeout{60'000};
+
+namespace detail {
+
+enum class collective : std::uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, barrier };
+
+constexpr const char* to_string(collective c) noexcept {
+  switch (c) {
+    case collective::all_gather:
+      return "all_gather";
+    case collective::reduce_scatter:
+      return "reduce_scatter";
+    case collective::all_reduce:
+      return "all_reduce";
+    case collective::broadcast:
+      return "broadcast";
+    case collective::barrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+// What a rank publishes on entering a collective; peers read it until the exit rendezvous.
+struct comm_slot {
+  collective kind = collective::barrier;
+  std::uint64_t seq = 0;  // how many collectives this rank entered before: catches a skipped call
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::size_t count = 0;
+  dtype type = dtype::f32;
+  reduce_op op = reduce_op::sum;
+  int root = 0;
+};
+
+inline std::string describe(const comm_slot& s) {
+  std::string d = to_string(s.kind);
+  if (s.kind != collective::barrier) {
+    d += "(count=" + std::to_string(s.count) + ", " + std::string(zshard::to_string(s.type));
+    if (s.kind == collective::reduce_scatter || s.kind == collective::all_reduce)
+      d += ", " + std::string(zshard::to_string(s.op));
+    if (s.kind == collective::broadcast) d += ", root=" + std::to_string(s.root);
+    d += ")";
+  }
+  return d + " as collective #" + std::to_string(s.seq);
+}
+
+template <class T>
+inline float widen(T v) noexcept {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return to_float(v);
+}
+template <class T>
+inline T narrow(float v) noexcept {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return to_bf16(v);
+  else
+    return to_f16(v);
+}
+
+template <class F>
+inline void visit_dtype(dtype t, F&& f) {
+  switch (t) {
+    case dtype::f32:
+      f(float{});
+      return;
+    case dtype::bf16:
+      f(bf16{});
+      return;
+    case dtype::f16:
+      f(f16{});
+      return;
+  }
+}
+
+// Elements [lo, hi) of `count` that rank r of n reduces in all_reduce: an even split.
+inline std::pair<std::size_t, std::size_t> split_range(std::size_t count, int n, int r) noexcept {
+  const auto un = static_cast<std::size_t>(n), ur = static_cast<std::size_t>(r);
+  const std::size_t base = count / un, extra = count % un;
+  const std::size_t lo = ur * base + std::min(ur, extra);
+  return {lo, lo + base + (ur < extra ? 1 : 0)};
+}
+
+// Reduces src_of(0..n)[0..len) element-wise in rank order into out (f32 accumulation, rounded
+// once to T); len <= reduce_chunk. Full chunks are instantiated with a compile-time length:
+// a known trip count is what lets -O2's cheap-cost vectoriser take these loops.
+inline constexpr std::size_t reduce_chunk = 2048;
+template <class T, std::size_t fixed_len, class SrcOf>
+inline void reduce_block(const SrcOf& src_of, int n, std::size_t len, reduce_op op, T* out) noexcept {
+  const std::size_t m = fixed_len != 0 ? fixed_len : len;
+  float acc[reduce_chunk];
+  const T* s0 = src_of(0);
+  for (std::size_t i = 0; i < m; ++i) acc[i] = widen(s0[i]);
+  for (int q = 1; q < n; ++q) {
+    const T* s = src_of(q);
+    if (op == reduce_op::max) {
+      for (std::size_t i = 0; i < m; ++i) {
+        const float x = widen(s[i]);
+        acc[i] = (x > acc[i] || x != x) ? x : acc[i];  // NaN propagates
+      }
+    } else {
+      for (std::size_t i = 0; i < m; ++i) acc[i] += widen(s[i]);
+    }
+  }
+  if (op == reduce_op::average) {
+    const auto fn = static_cast<float>(n);
+    for (std::size_t i = 0; i < m; ++i) acc[i] /= fn;  // division, not * (1/n): one rounding
+  }
+  for (std::size_t i = 0; i < m; ++i) out[i] = narrow<T>(acc[i]);
+}
+
+inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
+  const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
+  return a_bytes != 0 && b_bytes != 0 && pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+}  // namespace detail
+
+class thread_comm;
+
+// The shared state of n thread ranks. Create it once, give each rank thread a
+// thread_comm(world, rank); it must outlive every thread_comm on it.
+class thread_world {
+ public:
+  explicit thread_world(int size, std::chrono::milliseconds timeout = default_comm_timeout)
+      : size_(size), timeout_(timeout), ranks_(static_cast<std::size_t>(size > 0 ? size : 0)) {
+    require(size > 0, error_kind::usage, "thread_world size must be at least 1, got " + std::to_string(size));
+    require(timeout.count() > 0, error_kind::usage, "thread_world timeout must be positive");
+  }
+  thread_world(const thread_world&) = delete;
+  thread_world& operator=(const thread_world&) = delete;
+
+  int size() const noexcept { return size_; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+
+  // Poisons the world: every rank in or entering a collective throws error_kind::comm. The
+  // first abort (or timeout, or mismatch) is the root cause; later ones are ignored.
+  void abort(std::string reason, int failed_rank = -1) {
+    std::lock_guard lk(m_);
+    if (failed_rank >= 0) reason = "rank " + std::to_string(failed_rank) + " failed: " + reason;
+    poison_locked(failed_rank, std::move(reason));
+  }
+  bool aborted() const {
+    std::lock_guard lk(m_);
+    return poisoned_;
+  }
+  // The rank whose failure poisoned the world (-1: none, an outside abort, or a mismatch).
+  int failed_rank() const {
+    std::lock_guard lk(m_);
+    return origin_;
+  }
+  std::string abort_reason() const {
+    std::lock_guard lk(m_);
+    return reason_;
+  }
+
+ private:
+  friend class thread_comm;
+
+  struct rank_state {
+    detail::comm_slot slot;  // written under m_ on entry; read by peers until exit
+    std::uint64_t next_seq = 0;
+    bool arrived = false;  // in the current rendezvous
+    bool busy = false;     // between two rendezvous of a collective: may read peers' buffers
+  };
+
+  void poison_locked(int origin, std::string reason) {
+    if (!poisoned_) {
+      poisoned_ = true;
+      origin_ = origin;
+      reason_ = std::move(reason);
+    }
+    cv_.notify_all();
+  }
+
+  bool peer_busy_locked() const {
+    return std::any_of(ranks_.begin(), ranks_.end(), [](const rank_state& r) { return r.busy; });
+  }
+
+  error aborted_error(int rank, detail::collective what) const {
+    return error(error_kind::comm,
+                 std::string(detail::to_string(what)) + " on rank " + std::to_string(rank) + " aborted: " + reason_,
+                 "the first failure is the root cause and run_ranks rethrows it: fix that one");
+  }
+
+  // The last rank into an enter rendezvous checks every rank called the same thing.
+  std::string validate_locked() const {
+    const detail::comm_slot& a = ranks_[0].slot;
+    std::string diff;
+    for (int q = 1; q < size_; ++q) {
+      const detail::comm_slot& b = ranks_[static_cast<std::size_t>(q)].slot;
+      if (b.kind != a.kind || b.seq != a.seq || b.count != a.count || b.type != a.type || b.op != a.op ||
+          b.root != a.root)
+        diff += ", rank " + std::to_string(q) + " called " + detail::describe(b);
+    }
+    return diff.empty() ? diff : "collective mismatch: rank 0 called " + detail::describe(a) + diff;
+  }
+
+  // One rendezvous of `rank`. `publish` is set on a collective's first rendezvous (its
+  // arguments); `last` on its final one (after which no rank reads a peer's buffers).
+  void rendezvous(int rank, detail::collective what, const detail::comm_slot* publish, bool last) {
+    std::unique_lock lk(m_);
+    rank_state& me = ranks_[static_cast<std::size_t>(rank)];
+    me.busy = false;
+    if (poisoned_) {
+      cv_.notify_all();  // a waiter may be waiting for this rank to stop reading
+      throw aborted_error(rank, what);
+    }
+    if (publish) {
+      me.slot = *publish;
+      me.slot.seq = me.next_seq++;
+    }
+    me.arrived = true;
+    const std::uint64_t gen = generation_;
+    if (++arrived_ == size_) {
+      if (publish) mismatch_ = validate_locked();
+      const bool go_on = !last && mismatch_.empty();
+      for (rank_state& r : ranks_) {
+        r.arrived = false;
+        r.busy = go_on;
+      }
+      arrived_ = 0;
+      ++generation_;
+      if (publish && !mismatch_.empty()) poison_locked(-1, mismatch_);
+      cv_.notify_all();
+    } else {
+      auto deadline = std::chrono::steady_clock::now() + timeout_;
+      while (generation_ == gen) {
+        if (poisoned_ && !peer_busy_locked()) throw aborted_error(rank, what);
+        if (cv_.wait_until(lk, deadline) != std::cv_status::timeout || generation_ != gen || poisoned_) continue;
+        if (peer_busy_locked()) {  // a peer is still reading buffers (its work is bounded): wait on
+          deadline = std::chrono::steady_clock::now() + timeout_;
+          continue;
+        }
+        std::string missing;
+        for (int q = 0; q < size_; ++q)
+          if (!ranks_[static_cast<std::size_t>(q)].arrived)
+            missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        std::string msg = std::string(detail::to_string(what)) + " on rank " + std::to_string(rank) +
+                          " timed out after " + std::to_string(timeout_.count()) + " ms waiting for rank(s) " + missing;
+        poison_locked(rank, msg);
+        throw error(error_kind::comm, msg,
+                    "every rank must call the same collectives in the same order; a rank that skipped one, "
+                    "returned early or hangs stops the others. Raise the thread_world timeout only if ranks are "
+                    "legitimately slow");
+      }
+    }
+    // mismatch_ is stable here: it is rewritten only by a rendezvous this rank has not joined yet.
+    if (publish && !mismatch_.empty())
+      throw error(
+          error_kind::comm,
+          std::string(detail::to_string(what)) + " on rank " + std::to_string(rank) + ": " + mismatch_,
+          "every rank must call the same collectives in the same order with the same count, dtype, op and root");
+  }
+
+  const detail::comm_slot& slot(int q) const noexcept { return ranks_[static_cast<std::size_t>(q)].slot; }
+
+  int size_;
+  std::chrono::milliseconds timeout_;
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<rank_state> ranks_;
+  int arrived_ = 0;
+  std::uint64_t generation_ = 0;
+  std::string mismatch_;
+  bool poisoned_ = false;
+  int origin_ = -1;
+  std::string reason_;
+};
+
+// One rank's handle on a thread_world; cheap to copy. Use each rank from one thread at a time.
+class thread_comm {
+ public:
+  using zshard_tag = communicator_tag;
+
+  thread_comm(thread_world& world, int rank) : world_(&world), rank_(rank) {
+    require(rank >= 0 && rank < world.size(), error_kind::usage,
+            "rank " + std::to_string(rank) + " is outside a thread_world of size " + std::to_string(world.size()));
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return world_->size(); }
+  thread_world& world() const noexcept { return *world_; }
+
+  void all_gather(const void* src, void* dst, std::size_t count, dtype t) {
+    const std::size_t block = count * size_of(t);
+    check_pointers("all_gather", src, dst, count);
+    if (detail::overlaps(src, block, dst, block * static_cast<std::size_t>(size())) &&
+        src != static_cast<const std::byte*>(dst) + block * static_cast<std::size_t>(rank_))
+      throw error(error_kind::usage, "all_gather: src overlaps dst other than as dst + rank() * count (in place)");
+    enter({detail::collective::all_gather, 0, src, dst, count, t, reduce_op::sum, 0});
+    auto* out = static_cast<std::byte*>(dst);
+    for (int q = 0; q < size() && block != 0; ++q) {
+      const void* from = world_->slot(q).src;
+      std::byte* to = out + block * static_cast<std::size_t>(q);
+      if (from != to) std::memcpy(to, from, block);
+    }
+    leave(detail::collective::all_gather);
+  }
+
+  // op: sum or average (max is not part of the reduce_scatter contract, see communicator.hpp).
+  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+    require(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
+            "use all_reduce with reduce_op::max");
+    const std::size_t block = count * size_of(t);
+    check_pointers("reduce_scatter", src, dst, count);
+    if (detail::overlaps(src, block * static_cast<std::size_t>(size()), dst, block) &&
+        dst != static_cast<const std::byte*>(src) + block * static_cast<std::size_t>(rank_))
+      throw error(error_kind::usage, "reduce_scatter: dst overlaps src other than as src + rank() * count (in place)");
+    enter({detail::collective::reduce_scatter, 0, src, dst, count, t, op, 0});
+    detail::visit_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      reduce_range<T>(count * static_cast<std::size_t>(rank_), count, op,
+                      [&](std::size_t at, const T* r, std::size_t len) {
+                        std::memcpy(static_cast<T*>(dst) + at, r, len * sizeof(T));
+                      });
+    });
+    leave(detail::collective::reduce_scatter);
+  }
+
+  // src == dst is allowed. Rank r reduces slice r of the elements and writes it to every
+  // rank's dst, so the work is split n ways and each slice is reduced exactly once.
+  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+    const std::size_t bytes = count * size_of(t);
+    check_pointers("all_reduce", src, dst, count);
+    if (src != dst && detail::overlaps(src, bytes, dst, bytes))
+      throw error(error_kind::usage, "all_reduce: src and dst overlap without being equal");
+    enter({detail::collective::all_reduce, 0, src, dst, count, t, op, 0});
+    const auto [lo, hi] = detail::split_range(count, size(), rank_);
+    detail::visit_dtype(t, [&, lo = lo, hi = hi](auto tag) {
+      using T = decltype(tag);
+      // In place is safe: slice r of any rank's src is read only by rank r, before it is written.
+      reduce_range<T>(lo, hi - lo, op, [&](std::size_t at, const T* r, std::size_t len) {
+        for (int q = 0; q < size(); ++q)
+          std::memcpy(static_cast<T*>(world_->slot(q).dst) + lo + at, r, len * sizeof(T));
+      });
+    });
+    leave(detail::collective::all_reduce);
+  }
+
+  void broadcast(void* dst, std::size_t count, dtype t, int root) {
+    require(root >= 0 && root < size(), error_kind::usage,
+            "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size()));
+    check_pointers("broadcast", dst, dst, count);
+    enter({detail::collective::broadcast, 0, nullptr, dst, count, t, reduce_op::sum, root});
+    const void* from = world_->slot(root).dst;
+    if (rank_ != root && count != 0 && from != dst) std::memcpy(dst, from, count * size_of(t));
+    leave(detail::collective::broadcast);
+  }
+
+  void barrier() {
+    const detail::comm_slot s{detail::collective::barrier, 0, nullptr, nullptr, 0, dtype::f32, reduce_op::sum, 0};
+    world_->rendezvous(rank_, detail::collective::barrier, &s, /*last=*/true);
+  }
+
+ private:
+  void check_pointers(const char* what, const void* src, const void* dst, std::size_t count) const {
+    if (count != 0 && (src == nullptr || dst == nullptr))
+      throw error(error_kind::usage, std::string(what) + " on rank " + std::to_string(rank_) +
+                                         ": null buffer with count " + std::to_string(count));
+  }
+  void enter(const detail::comm_slot& s) { world_->rendezvous(rank_, s.kind, &s, /*last=*/false); }
+  void leave(detail::collective what) { world_->rendezvous(rank_, what, nullptr, /*last=*/true); }
+
+  // Reduces elements [begin, begin + len) of every rank's src, in rank order, one chunk at a
+  // time; emit(offset from begin, rounded chunk, chunk length) stores each chunk. Nothing here
+  // allocates or throws: a rank must reach the exit rendezvous once it may read peers' buffers.
+  template <class T, class Emit>
+  void reduce_range(std::size_t begin, std::size_t len, reduce_op op, Emit&& emit) const noexcept {
+    T out[detail::reduce_chunk];
+    for (std::size_t done = 0; done < len; done += detail::reduce_chunk) {
+      const std::size_t m = std::min(detail::reduce_chunk, len - done);
+      const auto src_of = [&](int q) { return static_cast<const T*>(world_->slot(q).src) + begin + done; };
+      if (m == detail::reduce_chunk)
+        detail::reduce_block<T, detail::reduce_chunk>(src_of, size(), m, op, out);
+      else
+        detail::reduce_block<T, 0>(src_of, size(), m, op, out);
+      emit(done, static_cast<const T*>(out), m);
+    }
+  }
+
+  thread_world* world_;
+  int rank_;
+};
+
+static_assert(check_communicator<thread_comm>());
+
+// Runs fn(thread_comm&) on `world_size` threads, one per rank, and joins them. If any rank
+// throws, the world is aborted so the others stop instead of hanging, and the root failure
+// (the rank whose error or timeout came first, not the "peer failed" errors that followed) is
+// rethrown here. fn is called concurrently from every rank thread.
+template <class F>
+void run_ranks(int world_size, F&& fn, std::chrono::milliseconds timeout = default_comm_timeout) {
+  thread_world world(world_size, timeout);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world_size));
+  auto body = [&](int r) {
+    try {
+      thread_comm comm(world, r);
+      fn(comm);
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(r)] = std::current_exception();
+      world.abort(e.what(), r);
+    } catch (...) {
+      errors[static_cast<std::size_t>(r)] = std::current_exception();
+      world.abort("unknown exception", r);
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(world_size));
+  try {
+    for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
+  } catch (...) {
+    world.abort("could not start rank threads");
+    for (auto& t : threads) t.join();
+    throw;
+  }
+  for (auto& t : threads) t.join();
+  const int origin = world.failed_rank();
+  if (origin >= 0 && errors[static_cast<std::size_t>(origin)])
+    std::rethrow_exception(errors[static_cast<std::size_t>(origin)]);
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace zshard

@@ -1,0 +1,523 @@
+// The thread communicator against serial references, for world sizes 1..8.
+//
+// Reference for reductions: the communicator's contract is "sum ranks in rank order 0..n-1 in
+// f32, divide once for average, round once to the element type". So each result must equal,
+// bit for bit on every rank, a serial loop that does exactly that (`reference_reduce`). A second,
+// independent check compares against a float64 sum with a tolerance, so a wrong reference (or
+// a wrong rank order that happens to match it) cannot pass unnoticed.
+//
+// count == 0 is valid: the collective synchronises and touches nothing; it is in every sweep.
+// Inputs are normal(0, 1) from std::mt19937 seeded per (case, rank), stored in the element type.
+// Rank threads only record what they got; every assertion runs on the test thread after join.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zshard/comm/thread_comm.hpp"
+
+using namespace zshard;
+using bytes = std::vector<std::byte>;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Communicator concept: conforming and non-conforming types.
+struct untagged_comm {
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  void all_gather(const void*, void*, std::size_t, dtype) {}
+  void reduce_scatter(const void*, void*, std::size_t, dtype, reduce_op) {}
+  void all_reduce(const void*, void*, std::size_t, dtype, reduce_op) {}
+  void broadcast(void*, std::size_t, dtype, int) {}
+  void barrier() {}
+};
+struct no_barrier_comm : untagged_comm {
+  using zshard_tag = communicator_tag;
+  void barrier() = delete;
+};
+struct tagged_comm : untagged_comm {
+  using zshard_tag = communicator_tag;
+};
+static_assert(communicator<thread_comm>);
+static_assert(communicator<tagged_comm>);
+static_assert(!communicator<untagged_comm>);
+static_assert(!communicator<no_barrier_comm>);
+
+static_assert(shard_count(10, 4) == 3 && padded_count(10, 4) == 12);
+static_assert(shard_count(12, 4) == 3 && padded_count(12, 4) == 12);
+static_assert(shard_count(0, 3) == 0 && padded_count(1, 8) == 8 && padded_count(7, 1) == 7);
+
+constexpr dtype all_dtypes[] = {dtype::f32, dtype::bf16, dtype::f16};
+
+bytes random_buffer(dtype t, std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  bytes b(n * size_of(t));
+  for (std::size_t i = 0; i < n; ++i) store_from_float(b.data(), t, i, normal(rng));
+  return b;
+}
+
+// The contract, written serially: f32 in rank order, one division, one rounding.
+bytes reference_reduce(const std::vector<const std::byte*>& srcs, std::size_t n, dtype t, reduce_op op) {
+  bytes out(n * size_of(t));
+  for (std::size_t i = 0; i < n; ++i) {
+    float acc = load_as_float(srcs[0], t, i);
+    for (std::size_t q = 1; q < srcs.size(); ++q) {
+      const float x = load_as_float(srcs[q], t, i);
+      acc = op == reduce_op::max ? std::max(acc, x) : acc + x;
+    }
+    if (op == reduce_op::average) acc /= static_cast<float>(srcs.size());
+    store_from_float(out.data(), t, i, acc);
+  }
+  return out;
+}
+
+// Independent float64 check: |got - exact| within f32 summation error plus one rounding to t.
+void check_near_double(const bytes& got, const std::vector<const std::byte*>& srcs, std::size_t n, dtype t,
+                       reduce_op op) {
+  const double unit = t == dtype::f32 ? 0x1p-24 : t == dtype::bf16 ? 0x1p-8 : 0x1p-11;
+  for (std::size_t i = 0; i < n; ++i) {
+    double sum = 0, abs_sum = 0, mx = -INFINITY;
+    for (const std::byte* s : srcs) {
+      const double x = load_as_float(s, t, i);
+      sum += x, abs_sum += std::fabs(x), mx = std::max(mx, x);
+    }
+    const double w = static_cast<double>(srcs.size());
+    const double exact = op == reduce_op::max ? mx : op == reduce_op::average ? sum / w : sum;
+    const double scale = op == reduce_op::average ? 1 / w : 1;
+    const double tol = w * 0x1p-23 * abs_sum * scale + std::fabs(exact) * unit + 0x1p-24;
+    const double g = load_as_float(got.data(), t, i);
+    if (std::fabs(g - exact) > tol) {
+      FAIL_CHECK("element " << i << ": got " << g << ", float64 reference " << exact << ", tol " << tol);
+      return;
+    }
+  }
+}
+
+std::string case_name(int world, std::size_t count, dtype t) {
+  return "world " + std::to_string(world) + ", count " + std::to_string(count) + ", " + std::string(to_string(t));
+}
+
+struct caught {
+  bool thrown = false;
+  error_kind kind = error_kind::invariant;
+  std::string what;
+};
+template <class F>
+caught catch_error(F&& f) {
+  caught c;
+  try {
+    f();
+  } catch (const error& e) {
+    c = {true, e.kind(), e.what()};
+  } catch (const std::exception& e) {
+    c = {true, error_kind::invariant, std::string("non-zshard: ") + e.what()};
+  }
+  return c;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("all_gather: every world size, dtype and count; out of place and in place") {
+  const std::size_t counts[] = {0, 1, 7, 1000};
+  for (int world = 1; world <= 8; ++world) {
+    struct gather_case {
+      std::size_t count;
+      dtype t;
+      bool in_place;
+    };
+    std::vector<gather_case> cases;
+    for (std::size_t n : counts)
+      for (dtype t : all_dtypes)
+        for (bool ip : {false, true}) cases.push_back({n, t, ip});
+    std::vector<std::vector<bytes>> in(cases.size()), out(cases.size());
+    for (std::size_t k = 0; k < cases.size(); ++k)
+      for (int r = 0; r < world; ++r) {
+        in[k].push_back(random_buffer(cases[k].t, cases[k].count, std::uint32_t(1000 * k + r)));
+        out[k].emplace_back(in[k][r].size() * std::size_t(world));
+      }
+    run_ranks(world, [&](thread_comm& c) {
+      const auto r = std::size_t(c.rank());
+      for (std::size_t k = 0; k < cases.size(); ++k) {
+        const std::size_t block = in[k][r].size();
+        if (cases[k].in_place) {
+          if (block) std::memcpy(out[k][r].data() + r * block, in[k][r].data(), block);
+          c.all_gather(out[k][r].data() + r * block, out[k][r].data(), cases[k].count, cases[k].t);
+        } else {
+          c.all_gather(in[k][r].data(), out[k][r].data(), cases[k].count, cases[k].t);
+        }
+      }
+    });
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      CAPTURE(case_name(world, cases[k].count, cases[k].t));
+      CAPTURE(cases[k].in_place);
+      bytes expect;
+      for (int q = 0; q < world; ++q) expect.insert(expect.end(), in[k][q].begin(), in[k][q].end());
+      for (int r = 0; r < world; ++r) CHECK(out[k][r] == expect);
+    }
+  }
+}
+
+TEST_CASE("reduce_scatter: sum and average, every world size and dtype; in place") {
+  const std::size_t counts[] = {0, 1, 5, 257, 3000};  // 3000 > one internal chunk
+  for (int world = 1; world <= 8; ++world) {
+    struct rs_case {
+      std::size_t count;
+      dtype t;
+      reduce_op op;
+      bool in_place;
+    };
+    std::vector<rs_case> cases;
+    for (std::size_t n : counts)
+      for (dtype t : all_dtypes)
+        for (reduce_op op : {reduce_op::sum, reduce_op::average})
+          for (bool ip : {false, true}) cases.push_back({n, t, op, ip});
+    std::vector<std::vector<bytes>> in(cases.size()), out(cases.size());
+    for (std::size_t k = 0; k < cases.size(); ++k)
+      for (int r = 0; r < world; ++r) {
+        in[k].push_back(random_buffer(cases[k].t, cases[k].count * std::size_t(world), std::uint32_t(7000 * k + r)));
+        out[k].emplace_back(in[k][r].size());  // in place: the whole input, result at block r
+      }
+    run_ranks(world, [&](thread_comm& c) {
+      const auto r = std::size_t(c.rank());
+      for (std::size_t k = 0; k < cases.size(); ++k) {
+        const auto& cs = cases[k];
+        const std::size_t block = cs.count * size_of(cs.t);
+        if (cs.in_place) {
+          out[k][r] = in[k][r];
+          c.reduce_scatter(out[k][r].data(), out[k][r].data() + r * block, cs.count, cs.t, cs.op);
+          out[k][r].erase(out[k][r].begin(), out[k][r].begin() + std::ptrdiff_t(r * block));
+        } else {
+          c.reduce_scatter(in[k][r].data(), out[k][r].data(), cs.count, cs.t, cs.op);
+        }
+        out[k][r].resize(block);
+      }
+    });
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      const auto& cs = cases[k];
+      CAPTURE(case_name(world, cs.count, cs.t));
+      CAPTURE(to_string(cs.op));
+      CAPTURE(cs.in_place);
+      for (int r = 0; r < world; ++r) {
+        std::vector<const std::byte*> srcs;
+        for (int q = 0; q < world; ++q) srcs.push_back(in[k][q].data() + std::size_t(r) * cs.count * size_of(cs.t));
+        CHECK(out[k][r] == reference_reduce(srcs, cs.count, cs.t, cs.op));
+        check_near_double(out[k][r], srcs, cs.count, cs.t, cs.op);
+      }
+    }
+  }
+}
+
+TEST_CASE("all_reduce: sum, average and max, every world size and dtype; in place") {
+  const std::size_t counts[] = {0, 1, 3, 1001, 5000};  // 5000: slices span several chunks
+  for (int world = 1; world <= 8; ++world) {
+    struct ar_case {
+      std::size_t count;
+      dtype t;
+      reduce_op op;
+      bool in_place;
+    };
+    std::vector<ar_case> cases;
+    for (std::size_t n : counts)
+      for (dtype t : all_dtypes)
+        for (reduce_op op : {reduce_op::sum, reduce_op::average, reduce_op::max})
+          for (bool ip : {false, true}) cases.push_back({n, t, op, ip});
+    std::vector<std::vector<bytes>> in(cases.size()), out(cases.size());
+    for (std::size_t k = 0; k < cases.size(); ++k)
+      for (int r = 0; r < world; ++r) {
+        in[k].push_back(random_buffer(cases[k].t, cases[k].count, std::uint32_t(3000 * k + r)));
+        out[k].emplace_back(in[k][r].size());
+      }
+    run_ranks(world, [&](thread_comm& c) {
+      const auto r = std::size_t(c.rank());
+      for (std::size_t k = 0; k < cases.size(); ++k) {
+        const auto& cs = cases[k];
+        if (cs.in_place) {
+          std::copy(in[k][r].begin(), in[k][r].end(), out[k][r].begin());
+          c.all_reduce(out[k][r].data(), out[k][r].data(), cs.count, cs.t, cs.op);
+        } else {
+          c.all_reduce(in[k][r].data(), out[k][r].data(), cs.count, cs.t, cs.op);
+        }
+      }
+    });
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      const auto& cs = cases[k];
+      CAPTURE(case_name(world, cs.count, cs.t));
+      CAPTURE(to_string(cs.op));
+      CAPTURE(cs.in_place);
+      std::vector<const std::byte*> srcs;
+      for (int q = 0; q < world; ++q) srcs.push_back(in[k][q].data());
+      const bytes expect = reference_reduce(srcs, cs.count, cs.t, cs.op);
+      for (int r = 0; r < world; ++r) CHECK(out[k][r] == expect);  // bitwise identical on every rank
+      check_near_double(out[k][0], srcs, cs.count, cs.t, cs.op);
+    }
+  }
+}
+
+TEST_CASE("all_reduce max propagates NaN") {
+  run_ranks(3, [](thread_comm& c) {
+    float v[2] = {c.rank() == 1 ? NAN : 1.0f, float(c.rank())};
+    c.all_reduce(v, v, 2, dtype::f32, reduce_op::max);
+    if (!std::isnan(v[0]) || v[1] != 2.0f) throw std::runtime_error("max with NaN is wrong");
+  });
+}
+
+TEST_CASE("broadcast: from every root, every world size") {
+  for (int world = 1; world <= 8; ++world) {
+    for (dtype t : {dtype::f32, dtype::bf16}) {
+      for (std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{3000}}) {
+        std::vector<std::vector<bytes>> buf(static_cast<std::size_t>(world));  // [root][rank]
+        for (int root = 0; root < world; ++root)
+          for (int r = 0; r < world; ++r) buf[root].push_back(random_buffer(t, n, std::uint32_t(100 * root + r)));
+        const auto original = buf;
+        run_ranks(world, [&](thread_comm& c) {
+          for (int root = 0; root < world; ++root) c.broadcast(buf[root][c.rank()].data(), n, t, root);
+        });
+        for (int root = 0; root < world; ++root)
+          for (int r = 0; r < world; ++r) CHECK(buf[root][r] == original[root][root]);
+      }
+    }
+  }
+}
+
+TEST_CASE("barrier: orders plain writes and reads across ranks, reusable") {
+  for (int world : {1, 2, 5, 8}) {
+    std::vector<int> value(std::size_t(world), -1);  // plain ints: TSan flags any unordered access
+    std::vector<int> bad(std::size_t(world), 0);
+    run_ranks(world, [&](thread_comm& c) {
+      for (int round = 0; round < 50; ++round) {
+        value[std::size_t(c.rank())] = round;
+        c.barrier();
+        for (int q = 0; q < world; ++q) bad[std::size_t(c.rank())] += value[std::size_t(q)] != round;
+        c.barrier();
+      }
+    });
+    for (int b : bad) CHECK(b == 0);
+  }
+}
+
+TEST_CASE("a parameter not divisible by the world size, padded with padded_count") {
+  // n = 10 over 4 ranks: padded to 12, 3 per rank; ZeRO's gradient path (reduce_scatter
+  // average) then its parameter path (all_gather of the shards).
+  const std::size_t n = 10;
+  for (int world : {3, 4, 7}) {
+    const std::size_t shard = shard_count(n, world), padded = padded_count(n, world);
+    CHECK(padded == shard * std::size_t(world));
+    CHECK(padded >= n);
+    CHECK(padded - n < std::size_t(world));
+    std::vector<std::vector<float>> grads(static_cast<std::size_t>(world)), full(static_cast<std::size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      grads[r].assign(padded, 0.0f);  // padding is zero
+      for (std::size_t i = 0; i < n; ++i) grads[r][i] = float(r + 1) * float(i);
+    }
+    run_ranks(world, [&](thread_comm& c) {
+      std::vector<float> my_shard(shard);
+      c.reduce_scatter(grads[c.rank()].data(), my_shard.data(), shard, dtype::f32, reduce_op::average);
+      full[c.rank()].resize(padded);
+      c.all_gather(my_shard.data(), full[c.rank()].data(), shard, dtype::f32);
+    });
+    const float mean_scale = float(world + 1) / 2.0f;  // mean of 1..world
+    for (int r = 0; r < world; ++r) {
+      for (std::size_t i = 0; i < n; ++i) CHECK(full[r][i] == doctest::Approx(mean_scale * float(i)));
+      for (std::size_t i = n; i < padded; ++i) CHECK(full[r][i] == 0.0f);
+    }
+  }
+}
+
+TEST_CASE("many mixed collectives in a row keep the world in step") {
+  std::vector<int> failures(4, 0);
+  run_ranks(4, [&](thread_comm& c) {
+    std::vector<float> a(13), g(13 * 4);
+    for (int it = 0; it < 300; ++it) {
+      std::fill(a.begin(), a.end(), float(c.rank() + it));
+      c.all_reduce(a.data(), a.data(), a.size(), dtype::f32, reduce_op::sum);
+      failures[c.rank()] += a[12] != float(6 + 4 * it);
+      c.all_gather(a.data(), g.data(), a.size(), dtype::f32);
+      failures[c.rank()] += g[51] != a[12];
+      if (it % 7 == 0) c.barrier();
+      c.broadcast(a.data(), 1, dtype::f32, it % 4);
+    }
+  });
+  for (int f : failures) CHECK(f == 0);
+}
+
+TEST_CASE("a failing rank: run_ranks rethrows its error, the others stop instead of hanging") {
+  std::vector<caught> seen(4);
+  const auto t0 = std::chrono::steady_clock::now();
+  const caught top = catch_error([&] {
+    run_ranks(
+        4,
+        [&](thread_comm& c) {
+          std::vector<float> v(8, 1.0f);
+          c.all_reduce(v.data(), v.data(), v.size(), dtype::f32, reduce_op::sum);
+          if (c.rank() == 2) throw std::runtime_error("boom in rank 2");
+          seen[c.rank()] = catch_error([&] { c.all_reduce(v.data(), v.data(), v.size(), dtype::f32, reduce_op::sum); });
+          if (seen[c.rank()].thrown) throw error(seen[c.rank()].kind, seen[c.rank()].what);
+        },
+        30s);
+  });
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);  // far below the 30 s timeout
+  CHECK(top.thrown);
+  CHECK(top.what == "non-zshard: boom in rank 2");  // the root cause, not a secondary error
+  for (int r : {0, 1, 3}) {
+    CHECK(seen[r].thrown);
+    CHECK(seen[r].kind == error_kind::comm);
+    CHECK(contains(seen[r].what, "rank 2 failed: boom in rank 2"));
+    CHECK(contains(seen[r].what, "all_reduce on rank " + std::to_string(r)));
+  }
+}
+
+TEST_CASE("a usage error on one rank is the error run_ranks reports") {
+  const caught top = catch_error([] {
+    run_ranks(
+        3,
+        [](thread_comm& c) {
+          float x = 1.0f;
+          c.broadcast(&x, 1, dtype::f32, c.rank() == 1 ? 7 : 0);  // rank 1 passes a bad root
+        },
+        30s);
+  });
+  CHECK(top.kind == error_kind::usage);
+  CHECK(contains(top.what, "root 7"));
+}
+
+TEST_CASE("timeout: a rank that skips a collective stops the others with a named error") {
+  const auto t0 = std::chrono::steady_clock::now();
+  const caught top = catch_error([] {
+    run_ranks(
+        3,
+        [](thread_comm& c) {
+          float x = 1.0f;
+          if (c.rank() != 1) c.all_reduce(&x, &x, 1, dtype::f32, reduce_op::sum);  // rank 1 returns early
+        },
+        200ms);
+  });
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  CHECK(elapsed >= 200ms);
+  CHECK(elapsed < 5s);
+  CHECK(top.kind == error_kind::comm);
+  CHECK(contains(top.what, "all_reduce on rank "));
+  // The root cause is whichever of ranks 0 and 2 timed out first; rank 1 is always missing.
+  const std::string marker = "timed out after 200 ms waiting for rank(s) ";
+  REQUIRE(contains(top.what, marker));
+  const std::string missing = top.what.substr(top.what.find(marker) + marker.size());
+  CHECK((missing.rfind("1 ", 0) == 0 || missing.rfind("1,", 0) == 0 || missing.rfind("0, 1", 0) == 0));
+}
+
+TEST_CASE("mismatched collectives are detected on every rank") {
+  struct mismatch_case {
+    const char* name;
+    void (*call)(thread_comm&);
+    const char* expect;
+  };
+  const mismatch_case cases[] = {
+      {"dtype",
+       [](thread_comm& c) {
+         std::vector<float> v(4, 1.0f);
+         c.all_reduce(v.data(), v.data(), 4, c.rank() == 0 ? dtype::f32 : dtype::bf16, reduce_op::sum);
+       },
+       "rank 1 called all_reduce(count=4, bf16, sum)"},
+      {"count",
+       [](thread_comm& c) {
+         std::vector<float> v(8, 1.0f);
+         c.all_reduce(v.data(), v.data(), c.rank() == 2 ? 8 : 4, dtype::f32, reduce_op::sum);
+       },
+       "rank 2 called all_reduce(count=8, f32, sum)"},
+      {"op",
+       [](thread_comm& c) {
+         std::vector<float> v(4, 1.0f);
+         c.all_reduce(v.data(), v.data(), 4, dtype::f32, c.rank() == 1 ? reduce_op::max : reduce_op::sum);
+       },
+       "rank 1 called all_reduce(count=4, f32, max)"},
+      {"root",
+       [](thread_comm& c) {
+         float x = 0;
+         c.broadcast(&x, 1, dtype::f32, c.rank() == 2 ? 1 : 0);
+       },
+       "rank 2 called broadcast(count=1, f32, root=1)"},
+      {"kind",
+       [](thread_comm& c) {
+         float x = 0, y[3] = {};
+         if (c.rank() == 1)
+           c.barrier();
+         else
+           c.all_gather(&x, y, 1, dtype::f32);
+       },
+       "rank 1 called barrier as collective #0"},
+      {"skipped call",
+       [](thread_comm& c) {
+         float x = 0;
+         if (c.rank() != 1) c.barrier();  // rank 1 skips it and meets the others' broadcast
+         c.broadcast(&x, 1, dtype::f32, 0);
+       },
+       "rank 1 called broadcast(count=1, f32, root=0) as collective #0"},
+  };
+  for (const auto& mc : cases) {
+    CAPTURE(mc.name);
+    std::vector<caught> seen(3);
+    const caught top = catch_error([&] {
+      run_ranks(
+          3,
+          [&](thread_comm& c) {
+            seen[c.rank()] = catch_error([&] { mc.call(c); });
+            if (seen[c.rank()].thrown) throw error(seen[c.rank()].kind, seen[c.rank()].what);
+          },
+          30s);
+    });
+    CHECK(top.kind == error_kind::comm);
+    for (const caught& s : seen) {
+      CHECK(s.thrown);
+      CHECK(s.kind == error_kind::comm);
+      CHECK(contains(s.what, "collective mismatch"));
+      CHECK(contains(s.what, mc.expect));
+    }
+  }
+}
+
+TEST_CASE("thread_world::abort stops a waiting rank and every later collective") {
+  thread_world world(2, 30s);
+  caught waiting;
+  std::thread t([&] { waiting = catch_error([&] { thread_comm(world, 0).barrier(); }); });
+  std::this_thread::sleep_for(20ms);
+  world.abort("operator pressed stop");
+  t.join();
+  CHECK(waiting.kind == error_kind::comm);
+  CHECK(contains(waiting.what, "barrier on rank 0 aborted: operator pressed stop"));
+  CHECK(world.aborted());
+  CHECK(world.failed_rank() == -1);
+  world.abort("a second reason is ignored", 1);
+  CHECK(world.abort_reason() == "operator pressed stop");
+  float x = 0;
+  const caught later = catch_error([&] { thread_comm(world, 1).all_reduce(&x, &x, 1, dtype::f32, reduce_op::sum); });
+  CHECK(later.kind == error_kind::comm);
+  CHECK(contains(later.what, "all_reduce on rank 1 aborted"));
+}
+
+TEST_CASE("bad arguments are usage errors raised before any communication") {
+  thread_world world(2);
+  thread_comm c(world, 0);
+  float buf[8] = {};
+  CHECK(catch_error([] { thread_world w(0); }).kind == error_kind::usage);
+  CHECK(catch_error([&] { thread_comm bad(world, 2); }).kind == error_kind::usage);
+  CHECK(catch_error([&] { c.all_reduce(nullptr, buf, 1, dtype::f32, reduce_op::sum); }).kind == error_kind::usage);
+  CHECK(catch_error([&] { c.all_gather(buf, nullptr, 1, dtype::f32); }).kind == error_kind::usage);
+  CHECK(catch_error([&] { c.broadcast(buf, 1, dtype::f32, -1); }).kind == error_kind::usage);
+  CHECK(catch_error([&] { c.reduce_scatter(buf, buf + 4, 2, dtype::f32, reduce_op::max); }).kind == error_kind::usage);
+  // overlaps other than the documented in-place forms
+  CHECK(catch_error([&] { c.all_reduce(buf, buf + 1, 4, dtype::f32, reduce_op::sum); }).kind == error_kind::usage);
+  CHECK(catch_error([&] { c.all_gather(buf + 1, buf, 2, dtype::f32); }).kind == error_kind::usage);
+  CHECK(catch_error([&] { c.reduce_scatter(buf, buf + 2, 2, dtype::f32, reduce_op::sum); }).kind == error_kind::usage);
+  CHECK(!world.aborted());  // nothing reached the world
+  CHECK(catch_error([] { (void)padded_count(4, 0); }).kind == error_kind::config);
+}
