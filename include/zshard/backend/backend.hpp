@@ -12,8 +12,21 @@
 
 #include "zshard/core/dtype.hpp"
 #include "zshard/core/memory_ledger.hpp"
+#include "zshard/optim/adamw.hpp"
 
 namespace zshard {
+
+// Sum of squares of a gradient and whether it holds Inf/NaN: what clipping and loss scaling
+// need from each rank before a global decision.
+struct grad_stats {
+  double sum_squares = 0.0;
+  bool nonfinite = false;
+  grad_stats& operator+=(const grad_stats& o) noexcept {
+    sum_squares += o.sum_squares;
+    nonfinite = nonfinite || o.nonfinite;
+    return *this;
+  }
+};
 
 struct backend_tag {};
 
@@ -36,6 +49,11 @@ concept backend = std::same_as<typename B::zshard_tag, backend_tag> &&
                     b.copy(p, cp, bytes, s);
                     b.fill_zero(p, bytes, s);
                     b.convert(cp, t, p, t, bytes, s);  // n elements, src dtype -> dst dtype
+                    // kernels the engine's default policies need (f32 unless said)
+                    b.add_into(static_cast<float*>(p), static_cast<const float*>(cp), bytes, s);  // dst += src
+                    { b.grad_stats_of(static_cast<const float*>(cp), bytes, s) } -> std::same_as<grad_stats>;
+                    b.adamw(optim::adamw_step{}, static_cast<float*>(p), static_cast<float*>(p),
+                            static_cast<float*>(p), static_cast<const float*>(cp), bytes, p, t, s);
                   };
 
 // Fails with a readable message naming the part of the contract a backend misses.

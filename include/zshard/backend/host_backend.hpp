@@ -10,6 +10,8 @@
 
 #include "zshard/backend/backend.hpp"
 #include "zshard/core/error.hpp"
+#include "zshard/optim/adamw.hpp"
+#include "zshard/optim/grad_clip.hpp"
 
 namespace zshard {
 
@@ -62,6 +64,20 @@ class host_backend {
   }
   void convert(const void* src, dtype src_type, void* dst, dtype dst_type, std::size_t n, stream&) noexcept {
     zshard::convert(src, src_type, dst, dst_type, n);
+  }
+
+  void add_into(float* dst, const float* src, std::size_t n, stream&) noexcept {
+    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
+  // Synchronous on every backend: the result is needed on the host for a global decision.
+  grad_stats grad_stats_of(const float* g, std::size_t n, stream&) const noexcept {
+    optim::norm_accumulator acc;
+    acc.add(g, n, 1.0f);
+    return {acc.sum_squares, acc.nonfinite};
+  }
+  void adamw(const optim::adamw_step& step, float* master, float* m, float* v, const float* grad, std::size_t n,
+             void* working_out, dtype working_type, stream&) noexcept {
+    optim::adamw_update_scalar(step, master, m, v, grad, n, working_out, working_type);
   }
 
  private:

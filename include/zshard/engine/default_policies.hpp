@@ -1,0 +1,20 @@
+#pragma once
+// The defaults, spelled in one place. Swap any policy by deriving and naming another type:
+//   struct my_policies : zshard::default_policies { using prefetcher = zshard::prefetch::on_demand; };
+#include "zshard/offload/on_device.hpp"
+#include "zshard/partition/even_partitioner.hpp"
+#include "zshard/prefetch/on_demand.hpp"
+#include "zshard/reduce/bucketed.hpp"
+#include "zshard/track/use_counter.hpp"
+
+namespace zshard {
+
+struct default_policies {
+  using partitioner = partition::even;
+  using prefetcher = prefetch::on_demand;
+  using reducer = reduce::bucketed;
+  using offloader = offload::on_device;
+  using hook_tracker = track::use_counter;
+};
+
+}  // namespace zshard

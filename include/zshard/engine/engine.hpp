@@ -1,0 +1,413 @@
+#pragma once
+// The ZeRO-3 engine: composes a Backend, a Communicator and five policies into the scopes a
+// training stack calls (see README and DESIGN.md):
+//
+//   for each micro-batch:
+//     forward(m) per module, begin_backward(), [recompute(m)] + backward(m) per module in
+//     reverse, end_backward()
+//   step()
+//
+// The engine owns the sequencing and the checks that bind the policies together; each policy
+// owns one decision (layout, what to keep gathered, when to reduce, where the optimizer runs,
+// which uses count). One engine per rank, used from that rank's thread.
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "zshard/backend/backend.hpp"
+#include "zshard/comm/communicator.hpp"
+#include "zshard/engine/default_policies.hpp"
+#include "zshard/engine/engine_config.hpp"
+#include "zshard/engine/module_scope.hpp"
+#include "zshard/engine/param_store.hpp"
+#include "zshard/engine/step_report.hpp"
+#include "zshard/offload/offloader.hpp"
+#include "zshard/optim/grad_clip.hpp"
+#include "zshard/optim/loss_scaler.hpp"
+#include "zshard/prefetch/prefetcher.hpp"
+#include "zshard/reduce/reducer.hpp"
+#include "zshard/track/hook_tracker.hpp"
+
+namespace zshard {
+
+template <backend Backend, communicator Comm, class Policies = default_policies>
+class engine {
+ public:
+  using backend_type = Backend;
+  using comm_type = Comm;
+  using partitioner_type = typename Policies::partitioner;
+  using prefetcher_type = typename Policies::prefetcher;
+  using tracker_type = typename Policies::hook_tracker;
+  using offloader_type = typename Policies::offloader::template impl<Backend, Comm>;
+  using reducer_type = typename Policies::reducer::template impl<Backend, Comm>;
+  using scope = module_scope<engine>;
+
+  static_assert(check_partitioner<partitioner_type>());
+  static_assert(check_prefetcher<prefetcher_type>());
+  static_assert(check_hook_tracker<tracker_type>());
+  static_assert(check_offloader<typename Policies::offloader, offloader_type>());
+  static_assert(check_reducer<typename Policies::reducer, reducer_type, offloader_type>());
+
+  engine(Backend& backend, Comm& comm, model_spec spec, engine_config cfg)
+      : backend_(backend),
+        comm_(comm),
+        spec_(validated(std::move(spec))),
+        cfg_(validated(std::move(cfg))),
+        layouts_(make_layouts()),
+        store_(backend, spec_, layouts_, cfg_.param_dtype),
+        offloader_(store_, comm, cfg_),
+        reducer_(store_, comm, cfg_),
+        scaler_(cfg_.loss_scale),
+        stream_(backend.make_stream()),
+        lr_(cfg_.adamw.lr) {
+    check_same_model_on_every_rank();
+    check_module_sizes();
+    tracker_.reset(spec_);
+    prefetcher_.reset(spec_, layouts_, cfg_.prefetch);
+    initialize_parameters();
+    completed_.reserve(spec_.params().size());
+  }
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  // ---- the scopes ----------------------------------------------------------------------------
+  // A forward use of m; `counted` unless grad mode is off for this pass (use_kind::no_grad).
+  scope forward(module_id m, use_kind kind = use_kind::counted) {
+    require(kind != use_kind::recompute, error_kind::usage, "use recompute(m) for a checkpointed re-run");
+    enter_scope(m, kind, false);
+    return scope(this, m, false);
+  }
+  // Re-runs a checkpointed module's forward during backward: gathers, never counts (I1).
+  scope recompute(module_id m) {
+    enter_scope(m, use_kind::recompute, false);
+    return scope(this, m, false);
+  }
+  // m's backward: parameters gathered, gradient buffers to accumulate into.
+  scope backward(module_id m) {
+    enter_scope(m, use_kind::counted, true);
+    return scope(this, m, true);
+  }
+
+  void begin_backward() {
+    rethrow_if_broken();
+    require(open_scopes_ == 0, error_kind::usage,
+            "begin_backward() with " + std::to_string(open_scopes_) + " module scope(s) still open");
+    tracker_.on_begin_backward();
+  }
+
+  // Ends a micro-batch's backward: sweeps uses whose backward never ran (I3), flushes the
+  // Reducer and releases every non-persistent gathered parameter.
+  void end_backward() {
+    rethrow_if_broken();
+    require(open_scopes_ == 0, error_kind::usage,
+            "end_backward() with " + std::to_string(open_scopes_) + " module scope(s) still open");
+    completed_.clear();
+    tracker_.on_end_backward(completed_, swept_);
+    for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
+    reducer_.flush(offloader_);
+    release_unpinned();
+    check(store_.gathered_set().empty(), "parameters still gathered after end_backward");
+    ++micro_batches_;
+  }
+
+  // The optimizer step over all micro-batches since the last one: global gradient norm and
+  // overflow check, clipping, AdamW, new working shards. Every rank decides identically.
+  step_report step() {
+    rethrow_if_broken();
+    require(open_scopes_ == 0, error_kind::usage, "step() with module scopes still open");
+    tracker_.on_step();
+    require(micro_batches_ > 0, error_kind::usage, "step() without a backward since the last step",
+            "run at least one forward/begin_backward/backward/end_backward before step()");
+    step_report r;
+    r.micro_batches = micro_batches_;
+    r.swept = std::move(swept_);
+    swept_.clear();
+
+    const auto [sum_squares, overflow] = global_grad_stats();
+    const double denom = double(micro_batches_) * double(scaler_.scale());
+    r.grad_norm = std::sqrt(sum_squares) / denom;
+    if (overflow) {
+      r.skipped = true;
+      r.grad_norm = INFINITY;
+      offloader_.discard_grads();
+    } else {
+      r.clip_coefficient = optim::clip_coefficient(r.grad_norm, cfg_.clip_norm);
+      offloader_.update({++step_, lr_, static_cast<float>(r.clip_coefficient / denom)});
+    }
+    scaler_.update(overflow);
+    r.step = step_;
+    r.loss_scale = scaler_.scale();
+    micro_batches_ = 0;
+    prefetcher_.on_step();
+    release_unpinned();
+    check(store_.gathered_set().empty() && reducer_.pending_numel() == 0, "step boundary is not clean (I4)");
+    return r;
+  }
+
+  // ---- queries -------------------------------------------------------------------------------
+  // Multiply the loss gradient by this before backward (1 unless f16 loss scaling is on).
+  float loss_scale() const noexcept { return scaler_.scale(); }
+  float lr() const noexcept { return lr_; }
+  void set_lr(float lr) {
+    require(std::isfinite(lr) && lr > 0, error_kind::config, "learning rate must be positive and finite");
+    lr_ = lr;
+  }
+  std::int64_t steps_taken() const noexcept { return step_; }
+
+  // Collective: every rank calls it; returns p's full value as f32 (tests, checkpoints, eval).
+  std::vector<float> gather_param(param_id p) {
+    rethrow_if_broken();
+    const auto& s = store_[p];
+    buffer<Backend> staging(backend_, dtype::f32, s.layout.padded_numel, mem_category::scratch);
+    if (s.layout.replicated) {
+      backend_.convert(s.shard.data(), s.type, staging.data(), dtype::f32, s.layout.numel, stream_);
+    } else {
+      buffer<Backend> full(backend_, s.type, s.layout.padded_numel, mem_category::scratch);
+      comm_.all_gather(s.shard.data(), full.data(), s.layout.shard_numel, s.type);
+      backend_.convert(full.data(), s.type, staging.data(), dtype::f32, s.layout.numel, stream_);
+    }
+    std::vector<float> out(s.layout.numel);
+    backend_.copy(out.data(), staging.data(), out.size() * sizeof(float), stream_);
+    backend_.synchronize(stream_);
+    return out;
+  }
+
+  const model_spec& spec() const noexcept { return spec_; }
+  const engine_config& config() const noexcept { return cfg_; }
+  const shard_layout& layout(param_id p) const noexcept { return layouts_[p]; }
+  Backend& backend() noexcept { return backend_; }
+  Comm& comm() noexcept { return comm_; }
+  const memory_ledger& ledger() const noexcept { return backend_.ledger(); }
+  const param_store<Backend>& store() const noexcept { return store_; }
+  std::size_t resident_numel() const noexcept { return store_.resident_numel(); }
+  const tracker_type& tracker() const noexcept { return tracker_; }
+  const offloader_type& offloader() const noexcept { return offloader_; }
+  const reducer_type& reducer() const noexcept { return reducer_; }
+  int open_scopes() const noexcept { return open_scopes_; }
+
+ private:
+  friend scope;
+
+  // ---- construction --------------------------------------------------------------------------
+  static model_spec validated(model_spec s) {
+    s.validate();
+    return s;
+  }
+  static engine_config validated(engine_config c) {
+    c.validate();
+    return c;
+  }
+
+  std::vector<shard_layout> make_layouts() const {
+    std::vector<shard_layout> l;
+    l.reserve(spec_.params().size());
+    for (const auto& p : spec_.params()) l.push_back(partitioner_.layout(p.numel(), comm_.size(), cfg_.partition));
+    return l;
+  }
+
+  // Ranks that disagree on the model would issue mismatched collectives: catch it up front.
+  void check_same_model_on_every_rank() {
+    if constexpr (Backend::holds_storage) {
+      std::uint64_t fp = spec_.fingerprint() ^ (std::uint64_t(cfg_.param_dtype) << 56) ^
+                         (cfg_.partition.persistence_threshold_numel * 0x9e3779b97f4a7c15ull) ^
+                         cfg_.partition.shard_alignment_numel;
+      const auto world = static_cast<std::size_t>(comm_.size());
+      std::vector<std::uint64_t> all(world);
+      buffer<Backend> mine(backend_, dtype::f32, 2, mem_category::scratch);
+      buffer<Backend> gathered(backend_, dtype::f32, 2 * world, mem_category::scratch);
+      backend_.copy(mine.data(), &fp, sizeof fp, stream_);
+      comm_.all_gather(mine.data(), gathered.data(), 2, dtype::f32);  // 64 bits as two f32 words: a copy
+      backend_.copy(all.data(), gathered.data(), world * sizeof fp, stream_);
+      backend_.synchronize(stream_);
+      for (std::size_t r = 0; r < world; ++r)
+        require(all[r] == fp, error_kind::config,
+                "rank " + std::to_string(comm_.rank()) + " and rank " + std::to_string(r) +
+                    " registered different models or partition settings",
+                "build the same model_spec and engine_config on every rank");
+    }
+  }
+
+  void check_module_sizes() const {
+    for (module_id m = 0; m < spec_.modules().size(); ++m) {
+      const std::size_t n = module_gathered_numel(m);
+      require(n <= cfg_.prefetch.max_live_numel || cfg_.prefetch.allow_oversized_module, error_kind::config,
+              "module '" + spec_.module(m).name + "' needs " + std::to_string(n) +
+                  " gathered elements, more than max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
+              "raise max_live_numel, split the module, or set allow_oversized_module");
+    }
+  }
+
+  std::size_t module_gathered_numel(module_id m) const {
+    std::size_t n = 0;
+    for (param_id p : spec_.module(m).params)
+      if (!layouts_[p].replicated) n += layouts_[p].padded_numel;
+    return n;
+  }
+
+  // Rank r computes exactly its shard's initial values from the global element index.
+  void initialize_parameters() {
+    if constexpr (Backend::holds_storage) {
+      const auto rank = comm_.rank();
+      std::vector<float> values;
+      for (param_id p = 0; p < store_.size(); ++p) {
+        auto& s = store_[p];
+        const std::size_t n = s.layout.shard_numel;
+        values.assign(n, 0.0f);
+        const std::size_t begin = s.layout.owned_begin(rank), end = s.layout.owned_end(rank);
+        for (std::size_t g = begin; g < end; ++g) values[g - begin] = s.spec->init(static_cast<std::int64_t>(g));
+        buffer<Backend> staging(backend_, dtype::f32, n, mem_category::scratch);
+        backend_.copy(staging.data(), values.data(), n * sizeof(float), stream_);
+        backend_.convert(staging.data(), dtype::f32, s.shard.data(), s.type, n, stream_);
+        if (s.spec->trainable) offloader_.init_param(p, staging.template as<float>());
+        backend_.synchronize(stream_);
+      }
+    }
+  }
+
+  // ---- scopes --------------------------------------------------------------------------------
+  void enter_scope(module_id m, use_kind kind, bool is_backward) {
+    rethrow_if_broken();
+    require(m < spec_.modules().size(), error_kind::usage, "module id " + std::to_string(m) + " does not exist");
+    if (is_backward) tracker_.on_backward(m);
+    else tracker_.on_forward(m, kind);
+    ahead_.clear();
+    prefetcher_.on_scope_enter(m, kind, ahead_);
+    for (param_id p : spec_.module(m).params) pin(p);
+    check_live_budget(m);
+    for (param_id q : ahead_)
+      if (!store_[q].is_gathered() && store_.resident_numel() + layouts_[q].padded_numel <= cfg_.prefetch.max_live_numel)
+        gather(q);
+    if (is_backward) {
+      for (param_id p : spec_.module(m).params) {
+        auto& s = store_[p];
+        if (!s.spec->trainable || s.full_grad) continue;
+        s.full_grad = buffer<Backend>(backend_, dtype::f32, s.layout.padded_numel, mem_category::grad_buckets);
+        backend_.fill_zero(s.full_grad.data(), s.full_grad.bytes(), stream_);
+      }
+    }
+    ++open_scopes_;
+  }
+
+  void exit_scope(module_id m, bool is_backward) {
+    rethrow_if_broken();
+    --open_scopes_;
+    if (is_backward) {
+      completed_.clear();
+      tracker_.on_backward_done(m, completed_);
+      for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
+    }
+    for (param_id p : spec_.module(m).params) unpin(p);
+  }
+
+  void exit_scope_nothrow(module_id m, bool is_backward) noexcept {
+    try {
+      exit_scope(m, is_backward);
+    } catch (...) {
+      if (!broken_) broken_ = std::current_exception();
+    }
+  }
+
+  const_view param_view(module_id m, std::size_t k) const {
+    const auto& params = spec_.module(m).params;
+    require(k < params.size(), error_kind::usage,
+            "module '" + spec_.module(m).name + "' has " + std::to_string(params.size()) + " parameters, asked for #" +
+                std::to_string(k));
+    const auto& s = store_[params[k]];
+    return {s.full_data(), s.type, s.spec->shape};
+  }
+
+  mutable_view grad_view(module_id m, std::size_t k) const {
+    const auto& params = spec_.module(m).params;
+    require(k < params.size(), error_kind::usage, "parameter index out of range in module '" + spec_.module(m).name + "'");
+    const auto& s = store_[params[k]];
+    require(s.spec->trainable, error_kind::usage, "parameter '" + s.spec->name + "' is frozen and has no gradient");
+    return {s.full_grad.data(), dtype::f32, s.spec->shape};
+  }
+
+  // ---- gather / release ----------------------------------------------------------------------
+  void gather(param_id p) {
+    auto& s = store_[p];
+    if (s.is_gathered()) return;
+    store_.mark_gathered(p);
+    comm_.all_gather(s.shard.data(), s.gathered.data(), s.layout.shard_numel, s.type);
+  }
+  void pin(param_id p) {
+    gather(p);
+    ++store_[p].pins;
+  }
+  void unpin(param_id p) {
+    auto& s = store_[p];
+    check(s.pins > 0, "unbalanced parameter pins");
+    if (--s.pins == 0 && !s.layout.replicated && !prefetcher_.keep_after_scope(p)) store_.release_gathered(p);
+  }
+  void release_unpinned() {
+    for (std::size_t i = store_.gathered_set().size(); i-- > 0;) {
+      const param_id p = store_.gathered_set()[i];
+      if (store_[p].pins == 0) store_.release_gathered(p);
+    }
+  }
+
+  // I5: resident gathered elements within max_live_numel, except one oversized module alone.
+  void check_live_budget(module_id m) const {
+    const std::size_t resident = store_.resident_numel();
+    if (resident <= cfg_.prefetch.max_live_numel) return;
+    const bool alone = cfg_.prefetch.allow_oversized_module && resident == module_gathered_numel(m);
+    require(alone, error_kind::budget,
+            "gathering module '" + spec_.module(m).name + "' makes " + std::to_string(resident) +
+                " elements resident, above max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
+            "close enclosing scopes sooner, or raise max_live_numel");
+  }
+
+  // ---- step helpers --------------------------------------------------------------------------
+  struct global_stats {
+    double sum_squares;
+    bool overflow;
+  };
+  // All-reduces (sum of squares, overflow flag). The double sum travels as a hi/lo pair of
+  // floats so the global norm keeps about 48 bits instead of 24.
+  global_stats global_grad_stats() {
+    const grad_stats local = offloader_.local_grad_stats();
+    const float hi = static_cast<float>(local.sum_squares);
+    float msg[3] = {hi, static_cast<float>(local.sum_squares - double(hi)), local.nonfinite ? 1.0f : 0.0f};
+    buffer<Backend> dev(backend_, dtype::f32, 3, mem_category::scratch);
+    backend_.copy(dev.data(), msg, sizeof msg, stream_);
+    comm_.all_reduce(dev.data(), dev.data(), 3, dtype::f32, reduce_op::sum);
+    backend_.copy(msg, dev.data(), sizeof msg, stream_);
+    backend_.synchronize(stream_);
+    const double sum = double(msg[0]) + double(msg[1]);
+    return {sum, msg[2] > 0.0f || !std::isfinite(sum)};
+  }
+
+  void check(bool ok, const char* what) const {
+    if (!ok) throw error(error_kind::invariant, what);
+  }
+  void rethrow_if_broken() const {
+    if (broken_) std::rethrow_exception(broken_);
+  }
+
+  Backend& backend_;
+  Comm& comm_;
+  const model_spec spec_;
+  const engine_config cfg_;
+  [[no_unique_address]] partitioner_type partitioner_{};
+  std::vector<shard_layout> layouts_;
+  param_store<Backend> store_;
+  offloader_type offloader_;
+  reducer_type reducer_;
+  tracker_type tracker_{};
+  prefetcher_type prefetcher_{};
+  optim::loss_scaler scaler_;
+  typename Backend::stream stream_;
+  float lr_;
+  std::int64_t step_ = 0;
+  int micro_batches_ = 0;
+  int open_scopes_ = 0;
+  std::vector<param_id> completed_;
+  std::vector<param_id> ahead_;
+  std::vector<swept_use> swept_;
+  std::exception_ptr broken_;
+};
+
+}  // namespace zshard

@@ -1,0 +1,66 @@
+#pragma once
+// The RAII scope a training stack holds around one use of a module. While it lives, the
+// module's full parameters are gathered and readable; in a backward scope, f32 gradient
+// buffers are there to accumulate into (+=). Closing the scope hands completed gradients to
+// the Reducer and releases parameters the Prefetcher does not keep.
+//
+// close() reports failures as exceptions. The destructor cannot throw: a failure there marks
+// the engine broken and the next engine call rethrows it (so a failed collective is never lost).
+#include <cstddef>
+#include <utility>
+
+#include "zshard/core/tensor_view.hpp"
+#include "zshard/model/model_spec.hpp"
+
+namespace zshard {
+
+template <class Engine>
+class module_scope {
+ public:
+  module_scope(const module_scope&) = delete;
+  module_scope& operator=(const module_scope&) = delete;
+  module_scope(module_scope&& o) noexcept
+      : engine_(std::exchange(o.engine_, nullptr)), module_(o.module_), backward_(o.backward_) {}
+  module_scope& operator=(module_scope&&) = delete;
+  ~module_scope() {
+    if (engine_) engine_->exit_scope_nothrow(module_, backward_);
+  }
+
+  // Ends the scope now; errors (a failed collective, an invariant) are thrown here.
+  void close() {
+    if (auto* e = std::exchange(engine_, nullptr)) e->exit_scope(module_, backward_);
+  }
+
+  module_id module() const noexcept { return module_; }
+  bool is_backward() const noexcept { return backward_; }
+  std::size_t param_count() const { return live().spec().module(module_).params.size(); }
+
+  // The k-th parameter of the module (in registration order), full and unpadded.
+  const_view param(std::size_t k) const { return live().param_view(module_, k); }
+  template <class T>
+  const T* param_data(std::size_t k) const {
+    return param(k).template as<const T>().data();
+  }
+
+  // The k-th parameter's f32 gradient buffer; backward scopes and trainable parameters only.
+  mutable_view grad(std::size_t k) const {
+    require(backward_, error_kind::usage, "grad() is only available in a backward scope");
+    return live().grad_view(module_, k);
+  }
+  float* grad_data(std::size_t k) const { return grad(k).template as<float>().data(); }
+
+ private:
+  friend Engine;
+  module_scope(Engine* e, module_id m, bool backward) noexcept : engine_(e), module_(m), backward_(backward) {}
+
+  Engine& live() const {
+    require(engine_ != nullptr, error_kind::usage, "this scope was closed or moved from");
+    return *engine_;
+  }
+
+  Engine* engine_;
+  module_id module_;
+  bool backward_;
+};
+
+}  // namespace zshard

@@ -1,0 +1,55 @@
+#pragma once
+// Offloader: where optimizer state (fp32 master, AdamW moments) and gradient shards live, and
+// where the update runs. A policy is a family: `template <class Backend, class Comm> using
+// impl = ...;`. An implementation is constructed from (param_store&, Comm&, const
+// engine_config&) and provides:
+//   init_param(p, values)        f32 initial values of p's shard (on the backend), trainable p only
+//   accumulate_grad(p, g, n)     add a reduced gradient shard (on the backend, f32); called by the
+//                                Reducer as buckets finish, so an offloader may stream it out
+//   local_grad_stats()           sum of squares and an Inf/NaN flag over the gradients this rank
+//                                owns (a replicated parameter counts on rank 0 only), so that the
+//                                engine can all-reduce them into a global norm and overflow flag
+//   update(args)                 AdamW over every trainable shard, writes the working shards,
+//                                zeroes the gradients
+//   discard_grads()              zero the gradients without updating (a skipped step)
+//   state_ledger()               the ledger charged for optimizer state (the backend's, or a
+//                                host ledger when state lives on the host)
+#include <concepts>
+#include <cstdint>
+
+#include "zshard/backend/backend.hpp"
+#include "zshard/core/policy_tags.hpp"
+#include "zshard/engine/param_store.hpp"
+
+namespace zshard {
+
+struct update_args {
+  std::int64_t step = 1;   // 1-based optimizer step (bias correction)
+  float lr = 0.0f;
+  float grad_scale = 1.0f;  // multiplies the accumulated gradient: clip / (micro-batches * loss scale)
+};
+
+template <class O>
+concept offloader = requires(O& o, param_id p, const float* g, std::size_t n, const update_args& a) {
+  o.init_param(p, g);
+  o.accumulate_grad(p, g, n);
+  { o.local_grad_stats() } -> std::same_as<grad_stats>;
+  o.update(a);
+  o.discard_grads();
+  { o.state_ledger() } -> std::same_as<const memory_ledger&>;
+};
+
+template <class Family>
+concept offloader_family = opts_into<Family, offloader_tag>;
+
+template <class Family, class O>
+constexpr bool check_offloader() {
+  static_assert(offloader_family<Family>,
+                "zshard: an Offloader policy declares `using zshard_tag = zshard::offloader_tag;` and "
+                "`template <class Backend, class Comm> using impl = ...;`");
+  static_assert(offloader<O>, "zshard: the Offloader implementation does not provide the contract; see "
+                              "offload/offloader.hpp");
+  return true;
+}
+
+}  // namespace zshard

@@ -1,0 +1,98 @@
+#pragma once
+// The default Offloader: optimizer state and gradient shards stay on the backend's device.
+// Per trainable parameter: fp32 master shard, AdamW m and v, and an fp32 gradient shard that
+// accumulates over micro-batches. The update runs on the backend's AdamW kernel, which writes
+// the working (f32/bf16/f16) shard in the same pass.
+#include <vector>
+
+#include "zshard/comm/communicator.hpp"
+#include "zshard/offload/offloader.hpp"
+
+namespace zshard::offload {
+
+template <class Backend, class Comm>
+class on_device_impl {
+ public:
+  on_device_impl(param_store<Backend>& store, Comm& comm, const engine_config& cfg)
+      : store_(store), comm_(comm), cfg_(cfg), stream_(store.backend().make_stream()) {
+    Backend& b = store.backend();
+    state_.resize(store.size());
+    for (param_id p = 0; p < store.size(); ++p) {
+      const auto& slot = store[p];
+      if (!slot.spec->trainable) continue;
+      const std::size_t n = slot.layout.shard_numel;
+      auto& st = state_[p];
+      st.master = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state);
+      st.m = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state);
+      st.v = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state);
+      st.grad = buffer<Backend>(b, dtype::f32, n, mem_category::grad_shards);
+      b.fill_zero(st.m.data(), st.m.bytes(), stream_);
+      b.fill_zero(st.v.data(), st.v.bytes(), stream_);
+      b.fill_zero(st.grad.data(), st.grad.bytes(), stream_);
+    }
+  }
+
+  void init_param(param_id p, const float* values) {
+    auto& st = state_[p];
+    store_.backend().copy(st.master.data(), values, st.master.bytes(), stream_);
+  }
+
+  void accumulate_grad(param_id p, const float* g, std::size_t n) {
+    store_.backend().add_into(state_[p].grad.template as<float>(), g, n, stream_);
+  }
+
+  grad_stats local_grad_stats() {
+    grad_stats total;
+    for (param_id p = 0; p < store_.size(); ++p) {
+      const auto& st = state_[p];
+      if (!st.grad) continue;
+      if (store_[p].layout.replicated && comm_.rank() != 0) continue;  // count replicated values once
+      total += store_.backend().grad_stats_of(st.grad.template as<float>(), st.grad.numel(), stream_);
+    }
+    return total;
+  }
+
+  void update(const update_args& a) {
+    Backend& b = store_.backend();
+    optim::adamw_config hyper = cfg_.adamw;
+    hyper.lr = a.lr;
+    for (param_id p = 0; p < store_.size(); ++p) {
+      auto& st = state_[p];
+      if (!st.grad) continue;
+      auto& slot = store_[p];
+      const auto step = optim::make_adamw_step(hyper, a.step, a.grad_scale, slot.spec->decay);
+      b.adamw(step, st.master.template as<float>(), st.m.template as<float>(), st.v.template as<float>(),
+              st.grad.template as<float>(), st.grad.numel(), slot.shard.data(), slot.type, stream_);
+      b.fill_zero(st.grad.data(), st.grad.bytes(), stream_);
+    }
+  }
+
+  void discard_grads() {
+    for (auto& st : state_)
+      if (st.grad) store_.backend().fill_zero(st.grad.data(), st.grad.bytes(), stream_);
+  }
+
+  const memory_ledger& state_ledger() const noexcept { return store_.backend().ledger(); }
+
+  // The fp32 master shard of p (tests and checkpoints read it).
+  const buffer<Backend>& master(param_id p) const noexcept { return state_[p].master; }
+
+ private:
+  struct param_state {
+    buffer<Backend> master, m, v, grad;
+  };
+
+  param_store<Backend>& store_;
+  Comm& comm_;
+  const engine_config& cfg_;
+  typename Backend::stream stream_;
+  std::vector<param_state> state_;
+};
+
+struct on_device {
+  using zshard_tag = offloader_tag;
+  template <class Backend, class Comm>
+  using impl = on_device_impl<Backend, Comm>;
+};
+
+}  // namespace zshard::offload

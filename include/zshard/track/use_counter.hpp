@@ -1,0 +1,104 @@
+#pragma once
+// The default HookTracker: counts per call, not per module (I1). A module forwarded twice in a
+// step has two pending backward uses; a parameter shared by several modules is complete only
+// when every counted use of every module that lists it has run its backward.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "zshard/track/hook_tracker.hpp"
+
+namespace zshard::track {
+
+class use_counter {
+ public:
+  using zshard_tag = hook_tracker_tag;
+
+  void reset(const model_spec& spec) {
+    spec_ = &spec;
+    module_pending_.assign(spec.modules().size(), 0);
+    param_pending_.assign(spec.params().size(), 0);
+    phase_ = step_phase::forward;
+  }
+
+  bool on_forward(module_id m, use_kind kind) {
+    if (kind == use_kind::recompute) {
+      require(phase_ == step_phase::backward, error_kind::usage,
+              "recompute of module '" + name(m) + "' outside backward",
+              "recompute() re-runs a checkpointed block during backward; use forward() before begin_backward()");
+      return false;
+    }
+    if (kind == use_kind::no_grad) return false;
+    require(phase_ == step_phase::forward, error_kind::usage,
+            "counted forward of module '" + name(m) + "' during backward",
+            "use recompute() for a checkpointed block, or forward(m, use_kind::no_grad) for a pass without backward");
+    ++module_pending_[m];
+    for (param_id p : spec_->module(m).params)
+      if (spec_->param(p).trainable) ++param_pending_[p];
+    return true;
+  }
+
+  void on_begin_backward() {
+    require(phase_ == step_phase::forward, error_kind::usage, "begin_backward() called twice without end_backward()");
+    phase_ = step_phase::backward;
+  }
+
+  void on_backward(module_id m) {
+    require(phase_ == step_phase::backward, error_kind::usage,
+            "backward of module '" + name(m) + "' outside backward", "call begin_backward() first");
+    require(module_pending_[m] > 0, error_kind::usage,
+            "backward of module '" + name(m) + "' which has no counted forward pending",
+            "each backward(m) must match an earlier counted forward(m) of this micro-batch");
+  }
+
+  void on_backward_done(module_id m, std::vector<param_id>& completed) {
+    --module_pending_[m];
+    for (param_id p : spec_->module(m).params) {
+      if (!spec_->param(p).trainable) continue;
+      require(param_pending_[p] > 0, error_kind::invariant,
+              "gradient count of parameter '" + spec_->param(p).name + "' would go negative");
+      if (--param_pending_[p] == 0) completed.push_back(p);
+    }
+  }
+
+  void on_end_backward(std::vector<param_id>& completed, std::vector<swept_use>& swept) {
+    require(phase_ == step_phase::backward, error_kind::usage, "end_backward() without begin_backward()");
+    for (module_id m = 0; m < module_pending_.size(); ++m) {
+      if (module_pending_[m] == 0) continue;
+      swept.push_back({m, module_pending_[m]});
+      module_pending_[m] = 0;
+    }
+    for (param_id p = 0; p < param_pending_.size(); ++p) {
+      if (param_pending_[p] == 0) continue;
+      param_pending_[p] = 0;
+      completed.push_back(p);
+    }
+    phase_ = step_phase::forward;
+  }
+
+  void on_step() {
+    require(phase_ == step_phase::forward, error_kind::usage, "step() inside backward",
+            "call end_backward() before step()");
+    for (module_id m = 0; m < module_pending_.size(); ++m)
+      require(module_pending_[m] == 0, error_kind::usage,
+              "step() with " + std::to_string(module_pending_[m]) + " counted forward(s) of module '" + name(m) +
+                  "' whose backward has not run",
+              "run begin_backward()/end_backward() after the last forward of the micro-batch");
+  }
+
+  step_phase phase() const noexcept { return phase_; }
+  std::int64_t pending_uses(module_id m) const noexcept { return module_pending_[m]; }
+  std::int64_t pending_grads(param_id p) const noexcept { return param_pending_[p]; }
+
+ private:
+  std::string name(module_id m) const { return spec_->module(m).name; }
+
+  const model_spec* spec_ = nullptr;
+  std::vector<std::int64_t> module_pending_;
+  std::vector<std::int64_t> param_pending_;
+  step_phase phase_ = step_phase::forward;
+};
+
+static_assert(check_hook_tracker<use_counter>());
+
+}  // namespace zshard::track

@@ -1,0 +1,148 @@
+// Bad input and misuse: each a clear zshard::error of the right kind, no crash, no hang.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "toy_training.hpp"
+
+using namespace zshard;
+
+namespace {
+
+using host_engine = engine<host_backend, thread_comm>;
+
+template <class F>
+error_kind kind_of(F&& f) {
+  try {
+    f();
+  } catch (const error& e) {
+    return e.kind();
+  }
+  FAIL("expected a zshard::error");
+  return error_kind::invariant;
+}
+
+std::string message_of(auto&& f) {
+  try {
+    f();
+  } catch (const error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("model registration errors") {
+  model_spec spec;
+  auto p = spec.add_param("w", {4, 4});
+  CHECK(kind_of([&] { spec.add_param("w", {2}); }) == error_kind::config);
+  CHECK(message_of([&] { spec.add_param("w", {2}); }).find("registered twice") != std::string::npos);
+  CHECK(kind_of([&] { spec.add_param("z", {3, 0}); }) == error_kind::config);
+  CHECK(kind_of([&] { spec.add_module("m", {p, p}); }) == error_kind::config);
+  CHECK(kind_of([&] { spec.add_module("m", {7}); }) == error_kind::config);
+  spec.add_param("unused", {3});
+  spec.add_module("m", {p});
+  CHECK(message_of([&] { spec.validate(); }).find("'unused' is used by no module") != std::string::npos);
+}
+
+TEST_CASE("scopes out of order are usage errors") {
+  run_ranks(2, [](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    host_engine eng(backend, comm, toy::make_spec({}, id), {});
+    // backward of a module never forwarded
+    eng.begin_backward();
+    CHECK(message_of([&] { auto g = eng.backward(id.head); }).find("no counted forward pending") != std::string::npos);
+    eng.end_backward();
+    // recompute outside backward
+    CHECK(kind_of([&] { auto g = eng.recompute(id.embed); }) == error_kind::usage);
+    // step inside backward
+    { auto g = eng.forward(id.embed); }
+    eng.begin_backward();
+    CHECK(message_of([&] { eng.step(); }).find("step() inside backward") != std::string::npos);
+    // a counted forward during backward
+    CHECK(kind_of([&] { auto g = eng.forward(id.head); }) == error_kind::usage);
+    {
+      auto g = eng.backward(id.embed);
+      // grad of a frozen parameter, end_backward with a scope open
+      CHECK(kind_of([&] { eng.end_backward(); }) == error_kind::usage);
+    }
+    {
+      auto g = eng.forward(id.layer[0], use_kind::no_grad);  // allowed anywhere
+      CHECK(kind_of([&] { (void)g.grad(0); }) == error_kind::usage);
+    }
+    eng.end_backward();
+    eng.step();
+    // step twice without a backward
+    CHECK(kind_of([&] { eng.step(); }) == error_kind::usage);
+    // a frozen parameter has no gradient
+    { auto g = eng.forward(id.layer[0]); }
+    eng.begin_backward();
+    {
+      auto g = eng.backward(id.layer[0]);
+      CHECK(kind_of([&] { (void)g.grad(2); }) == error_kind::usage);
+      CHECK(kind_of([&] { (void)g.param(3); }) == error_kind::usage);
+    }
+    eng.end_backward();
+    eng.step();
+  });
+}
+
+TEST_CASE("a model that differs across ranks is a configuration error on every rank, not a hang") {
+  for (int world : {2, 3}) {
+    std::string msg = message_of([&] {
+      run_ranks(world, [](thread_comm& comm) {
+        toy::ids id;
+        toy::config mc;
+        if (comm.rank() == 1) mc.dim = 9;  // rank 1 disagrees
+        host_backend backend;
+        host_engine eng(backend, comm, toy::make_spec(mc, id), {});
+      });
+    });
+    CHECK(msg.find("registered different models") != std::string::npos);
+  }
+}
+
+TEST_CASE("configuration errors at construction") {
+  run_ranks(1, [](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine_config cfg;
+    cfg.prefetch.max_live_numel = 50;  // the embedding alone is 13 x 8 = 104 elements
+    CHECK(message_of([&] { host_engine e(backend, comm, toy::make_spec({}, id), cfg); }).find("max_live_numel") !=
+          std::string::npos);
+    cfg.prefetch.allow_oversized_module = true;
+    host_engine ok(backend, comm, toy::make_spec({}, id), cfg);
+    cfg.adamw.lr = -1;
+    CHECK(kind_of([&] { host_engine e(backend, comm, toy::make_spec({}, id), cfg); }) == error_kind::config);
+  });
+}
+
+TEST_CASE("uses whose backward never ran are swept at end_backward, reduced, released and reported (I3)") {
+  run_ranks(2, [](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    host_engine eng(backend, comm, toy::make_spec({}, id), {});
+    { auto g = eng.forward(id.embed); }
+    { auto g = eng.forward(id.head); }
+    { auto g = eng.forward(id.head); }  // the head used twice, only one backward runs
+    eng.begin_backward();
+    {
+      auto g = eng.backward(id.head);
+      g.grad_data(1)[0] = 1.0f;
+    }
+    CHECK(eng.tracker().pending_uses(id.head) == 1);
+    CHECK(eng.tracker().pending_uses(id.embed) == 1);
+    eng.end_backward();
+    CHECK(eng.tracker().pending_uses(id.head) == 0);
+    CHECK(backend.ledger().current(mem_category::gathered_params) == 0);
+    CHECK(backend.ledger().current(mem_category::grad_buckets) == 0);
+    const auto r = eng.step();
+    REQUIRE(r.swept.size() == 2);
+    CHECK(r.swept[0].module == id.embed);
+    CHECK(r.swept[0].pending_uses == 1);
+    CHECK(r.swept[1].module == id.head);
+    CHECK(r.grad_norm > 0);  // the partial gradient of c was reduced, not dropped
+  });
+}

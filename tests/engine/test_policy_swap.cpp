@@ -1,0 +1,52 @@
+// Policies are chosen by type at compile time: engines with different policies live side by
+// side in one program, and each trains correctly.
+#include <doctest/doctest.h>
+
+#include "toy_training.hpp"
+
+using namespace zshard;
+
+namespace {
+
+// A Partitioner that keeps every parameter whole on every rank (plain data parallelism):
+// the engine then all-reduces every gradient and never gathers.
+struct replicate_all {
+  using zshard_tag = partitioner_tag;
+  shard_layout layout(std::size_t numel, int, const partition_config&) const {
+    return {.numel = numel, .shard_numel = numel, .padded_numel = numel, .replicated = true};
+  }
+};
+static_assert(check_partitioner<replicate_all>());
+
+struct data_parallel_policies : default_policies {
+  using partitioner = replicate_all;
+};
+
+// A type that forgot its opt-in tag is not a Partitioner, however well it matches.
+struct untagged {
+  shard_layout layout(std::size_t, int, const partition_config&) const { return {}; }
+};
+static_assert(!partitioner<untagged>);
+static_assert(partitioner<partition::even>);
+
+}  // namespace
+
+TEST_CASE("two engines with different partitioners in one program, both equal to the reference") {
+  for (int world : {2, 3}) {
+    toy::train_options o;
+    o.world = world;
+    o.steps = 3;
+    o.micro_batches = 2;
+    o.engine.adamw.lr = 1e-2f;
+    const auto want = toy::train_reference(o);
+    const auto sharded = toy::train_sharded<default_policies>(o);
+    const auto replicated = toy::train_sharded<data_parallel_policies>(o);
+    for (std::size_t p = 0; p < want.params.size(); ++p)
+      for (std::size_t i = 0; i < want.params[p].size(); ++i) {
+        REQUIRE(sharded.params[p][i] == doctest::Approx(want.params[p][i]).epsilon(1e-5));
+        REQUIRE(replicated.params[p][i] == doctest::Approx(want.params[p][i]).epsilon(1e-5));
+      }
+    CHECK(sharded.peak_gathered_bytes > 0);
+    CHECK(replicated.peak_gathered_bytes == 0);  // nothing is ever gathered when all is replicated
+  }
+}
