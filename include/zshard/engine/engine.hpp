@@ -71,6 +71,9 @@ class engine {
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
+  ~engine() {
+    if (activation_bytes_) backend_.ledger().release(mem_category::activations, activation_bytes_);
+  }
 
   // ---- the scopes ----------------------------------------------------------------------------
   // A forward use of m; `counted` unless grad mode is off for this pass (use_kind::no_grad).
@@ -144,6 +147,16 @@ class engine {
     release_unpinned();
     check(store_.gathered_set().empty() && reducer_.pending_numel() == 0, "step boundary is not clean (I4)");
     return r;
+  }
+
+  // The training stack owns activations; it reports how many bytes it holds now so that the
+  // ledger's peak (and its budget) covers them too. Call it whenever the figure changes.
+  void report_activations(std::size_t bytes) {
+    rethrow_if_broken();
+    memory_ledger& l = backend_.ledger();
+    if (bytes > activation_bytes_) l.charge(mem_category::activations, bytes - activation_bytes_);
+    else l.release(mem_category::activations, activation_bytes_ - bytes);
+    activation_bytes_ = bytes;
   }
 
   // ---- queries -------------------------------------------------------------------------------
@@ -404,6 +417,7 @@ class engine {
   std::int64_t step_ = 0;
   int micro_batches_ = 0;
   int open_scopes_ = 0;
+  std::size_t activation_bytes_ = 0;
   std::vector<param_id> completed_;
   std::vector<param_id> ahead_;
   std::vector<swept_use> swept_;
