@@ -4,6 +4,7 @@
 #include "zshard/offload/on_device.hpp"
 #include "zshard/partition/even_partitioner.hpp"
 #include "zshard/prefetch/on_demand.hpp"
+#include "zshard/prefetch/trace_prefetcher.hpp"
 #include "zshard/reduce/bucketed.hpp"
 #include "zshard/track/use_counter.hpp"
 
@@ -11,7 +12,7 @@ namespace zshard {
 
 struct default_policies {
   using partitioner = partition::even;
-  using prefetcher = prefetch::on_demand;
+  using prefetcher = prefetch::trace;
   using reducer = reduce::bucketed;
   using offloader = offload::on_device;
   using hook_tracker = track::use_counter;

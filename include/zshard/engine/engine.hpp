@@ -10,6 +10,7 @@
 // The engine owns the sequencing and the checks that bind the policies together; each policy
 // owns one decision (layout, what to keep gathered, when to reduce, where the optimizer runs,
 // which uses count). One engine per rank, used from that rank's thread.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -65,7 +66,8 @@ class engine {
     check_same_model_on_every_rank();
     check_module_sizes();
     tracker_.reset(spec_);
-    prefetcher_.reset(spec_, layouts_, cfg_.prefetch);
+    prefetcher_.reset(spec_, layouts_, cfg_);
+    module_held_.assign(spec_.modules().size(), false);
     initialize_parameters();
     completed_.reserve(spec_.params().size());
   }
@@ -110,6 +112,7 @@ class engine {
     tracker_.on_end_backward(completed_, swept_);
     for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
     reducer_.flush(offloader_);
+    for (module_id m = 0; m < module_held_.size(); ++m) set_held(m, false);  // I3: holds end here
     release_unpinned();
     check(store_.gathered_set().empty(), "parameters still gathered after end_backward");
     ++micro_batches_;
@@ -146,6 +149,7 @@ class engine {
     prefetcher_.on_step();
     release_unpinned();
     check(store_.gathered_set().empty() && reducer_.pending_numel() == 0, "step boundary is not clean (I4)");
+    check(resident_by_scan() == store_.resident_numel(), "resident elements disagree with the gathered set (I5)");
     return r;
   }
 
@@ -287,6 +291,7 @@ class engine {
     else tracker_.on_forward(m, kind);
     ahead_.clear();
     prefetcher_.on_scope_enter(m, kind, ahead_);
+    make_room(m);
     for (param_id p : spec_.module(m).params) pin(p);
     check_live_budget(m);
     for (param_id q : ahead_)
@@ -312,6 +317,7 @@ class engine {
       for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
     }
     for (param_id p : spec_.module(m).params) unpin(p);
+    set_held(m, tracker_.keeps_gathered(m));
   }
 
   void exit_scope_nothrow(module_id m, bool is_backward) noexcept {
@@ -353,13 +359,57 @@ class engine {
   void unpin(param_id p) {
     auto& s = store_[p];
     check(s.pins > 0, "unbalanced parameter pins");
-    if (--s.pins == 0 && !s.layout.replicated && !prefetcher_.keep_after_scope(p)) store_.release_gathered(p);
+    --s.pins;
+    release_if_unused(p);
+  }
+  void release_if_unused(param_id p) {
+    if (store_[p].evictable() && !prefetcher_.keep_after_scope(p)) store_.release_gathered(p);
+  }
+  // The HookTracker's binding hold on a module's parameters (see track/hook_tracker.hpp).
+  void set_held(module_id m, bool held) {
+    if (module_held_[m] == held) return;
+    module_held_[m] = held;
+    for (param_id p : spec_.module(m).params) {
+      store_[p].holds += held ? 1 : -1;
+      if (!held) release_if_unused(p);
+    }
   }
   void release_unpinned() {
     for (std::size_t i = store_.gathered_set().size(); i-- > 0;) {
       const param_id p = store_.gathered_set()[i];
       if (store_[p].pins == 0) store_.release_gathered(p);
     }
+  }
+  // Elements m still has to gather.
+  std::size_t missing_numel(module_id m) const {
+    std::size_t n = 0;
+    for (param_id p : spec_.module(m).params)
+      if (!store_[p].is_gathered()) n += layouts_[p].padded_numel;
+    return n;
+  }
+  // Before m's scope gathers: evicts parameters that are gathered but neither in use nor held
+  // (prefetched, or kept for reuse) until m's missing parameters fit under max_live_numel, or
+  // nothing is left to evict. m's own parameters stay; those the Prefetcher asked for just now
+  // go last.
+  void make_room(module_id m) {
+    const std::size_t budget = cfg_.prefetch.max_live_numel;
+    const std::size_t needed = missing_numel(m);
+    const auto& own = spec_.module(m).params;
+    for (int pass = 0; pass < 2 && store_.resident_numel() + needed > budget; ++pass) {
+      for (std::size_t i = store_.gathered_set().size(); i-- > 0 && store_.resident_numel() + needed > budget;) {
+        const param_id p = store_.gathered_set()[i];
+        if (!store_[p].evictable() || std::find(own.begin(), own.end(), p) != own.end()) continue;
+        const bool wanted_soon = std::find(ahead_.begin(), ahead_.end(), p) != ahead_.end();
+        if (pass == 1 || !wanted_soon) store_.release_gathered(p);
+      }
+    }
+  }
+  // I5 cross-check at step boundaries: the same figure by scanning every parameter.
+  std::size_t resident_by_scan() const {
+    std::size_t n = 0;
+    for (param_id p = 0; p < store_.size(); ++p)
+      if (store_[p].gathered) n += layouts_[p].padded_numel;
+    return n;
   }
 
   // I5: resident gathered elements within max_live_numel, except one oversized module alone.
@@ -418,6 +468,7 @@ class engine {
   int micro_batches_ = 0;
   int open_scopes_ = 0;
   std::size_t activation_bytes_ = 0;
+  std::vector<bool> module_held_;
   std::vector<param_id> completed_;
   std::vector<param_id> ahead_;
   std::vector<swept_use> swept_;

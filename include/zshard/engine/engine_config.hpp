@@ -3,6 +3,8 @@
 // behaviour; these *values* tune it. Defaults are spelled here and nowhere else.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <iostream>
 #include <string>
 
 #include "zshard/core/dtype.hpp"
@@ -41,6 +43,14 @@ struct engine_config {
   optim::adamw_config adamw{};
   double clip_norm = 0.0;  // global-norm gradient clipping; 0 turns it off
   optim::loss_scale_config loss_scale{};
+  // Where the engine and its policies say things worth a human's attention (a prefetch trace
+  // divergence, swept uses). Empty: standard error, prefixed "zshard: ".
+  std::function<void(const std::string&)> log{};
+
+  void say(const std::string& line) const {
+    if (log) log(line);
+    else std::cerr << "zshard: " << line << '\n';
+  }
 
   void validate() const {
     require(partition.shard_alignment_numel > 0, error_kind::config, "shard_alignment_numel must be at least 1");

@@ -21,6 +21,10 @@ struct param_slot {
   buffer<Backend> gathered;      // padded full value while gathered (never for replicated)
   buffer<Backend> full_grad;     // f32, padded, while backward accumulates into it
   int pins = 0;                  // open scopes using this parameter
+  int holds = 0;                 // modules the HookTracker holds gathered that list this parameter
+
+  // Gathered but neither in use nor held: may be released to make room.
+  bool evictable() const noexcept { return gathered && pins == 0 && holds == 0; }
 
   bool is_gathered() const noexcept { return layout.replicated || static_cast<bool>(gathered); }
   // The full (unpadded) value, valid while gathered.

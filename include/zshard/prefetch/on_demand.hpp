@@ -8,7 +8,7 @@ namespace zshard::prefetch {
 struct on_demand {
   using zshard_tag = prefetcher_tag;
 
-  void reset(const model_spec&, const std::vector<shard_layout>&, const prefetch_config&) {}
+  void reset(const model_spec&, const std::vector<shard_layout>&, const engine_config&) {}
   void on_scope_enter(module_id, use_kind, std::vector<param_id>&) {}
   bool keep_after_scope(param_id) const { return false; }
   void on_step() {}

@@ -1,12 +1,15 @@
 #pragma once
 // Prefetcher: decides what to gather ahead of use and what to keep gathered after a scope.
 // Contract:
-//   reset(spec, layouts, cfg)            once, binding it to a model and its shard layouts
+//   reset(spec, layouts, cfg)            once, binding it to a model, its shard layouts and the
+//                                        engine config (budgets in cfg.prefetch, cfg.say() to log)
 //   on_scope_enter(m, kind, ahead)       appends parameters to gather ahead of their use (beyond
 //                                        m's own, which the engine gathers anyway). The engine
-//                                        gathers them only while resident elements stay within
-//                                        max_live_numel (I5).
+//                                        gathers them, in order, only while resident elements stay
+//                                        within max_live_numel (I5); they are evicted first when a
+//                                        scope needs the room.
 //   keep_after_scope(p) -> bool          whether p stays gathered once no open scope uses it
+//                                        (advisory: the engine may evict it to make room)
 //   on_step()                            step boundary: the engine releases everything
 //                                        non-persistent right after (I4)
 #include <concepts>
@@ -23,7 +26,7 @@ namespace zshard {
 template <class P>
 concept prefetcher = opts_into<P, prefetcher_tag> &&
                      requires(P& p, const model_spec& spec, const std::vector<shard_layout>& layouts,
-                              const prefetch_config& cfg, module_id m, use_kind k, std::vector<param_id>& ahead,
+                              const engine_config& cfg, module_id m, use_kind k, std::vector<param_id>& ahead,
                               param_id q) {
                        p.reset(spec, layouts, cfg);
                        p.on_scope_enter(m, k, ahead);

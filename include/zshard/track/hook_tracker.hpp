@@ -14,6 +14,11 @@
 //                                          exactly once per use; counts never go negative)
 //   on_end_backward(completed, swept)      I3: every use still pending is dropped and reported
 //                                          in `swept`; its parameters are appended to `completed`
+//   keeps_gathered(m) -> bool              asked after every scope of m closes: whether m's
+//                                          parameters must stay gathered (a binding hold, unlike
+//                                          a Prefetcher's advisory keep). The default holds a
+//                                          recomputed module until its backward, which follows.
+//                                          Holds end at end_backward whatever it says (I3).
 //   on_step()                              I4: a violation of "nothing pending" is an error
 // Phase rules: counted forwards outside backward; recompute only inside backward; no-grad
 // forwards anywhere; step() never inside backward.
@@ -52,6 +57,7 @@ concept hook_tracker =
       t.on_backward_done(m, completed);
       t.on_end_backward(completed, swept);
       t.on_step();
+      { ct.keeps_gathered(m) } -> std::same_as<bool>;
       { ct.phase() } -> std::same_as<step_phase>;
       { ct.pending_uses(m) } -> std::convertible_to<std::int64_t>;
     };

@@ -17,6 +17,7 @@ class use_counter {
   void reset(const model_spec& spec) {
     spec_ = &spec;
     module_pending_.assign(spec.modules().size(), 0);
+    awaiting_backward_.assign(spec.modules().size(), false);
     param_pending_.assign(spec.params().size(), 0);
     phase_ = step_phase::forward;
   }
@@ -26,6 +27,7 @@ class use_counter {
       require(phase_ == step_phase::backward, error_kind::usage,
               "recompute of module '" + name(m) + "' outside backward",
               "recompute() re-runs a checkpointed block during backward; use forward() before begin_backward()");
+      awaiting_backward_[m] = module_pending_[m] > 0;
       return false;
     }
     if (kind == use_kind::no_grad) return false;
@@ -49,6 +51,7 @@ class use_counter {
     require(module_pending_[m] > 0, error_kind::usage,
             "backward of module '" + name(m) + "' which has no counted forward pending",
             "each backward(m) must match an earlier counted forward(m) of this micro-batch");
+    awaiting_backward_[m] = false;
   }
 
   void on_backward_done(module_id m, std::vector<param_id>& completed) {
@@ -68,6 +71,7 @@ class use_counter {
       swept.push_back({m, module_pending_[m]});
       module_pending_[m] = 0;
     }
+    awaiting_backward_.assign(awaiting_backward_.size(), false);
     for (param_id p = 0; p < param_pending_.size(); ++p) {
       if (param_pending_[p] == 0) continue;
       param_pending_[p] = 0;
@@ -86,6 +90,11 @@ class use_counter {
               "run begin_backward()/end_backward() after the last forward of the micro-batch");
   }
 
+  // Holds a recomputed module until its backward, which comes right after, so it is not
+  // gathered twice in a row. Nothing else is held: reuse across other modules is the
+  // Prefetcher's (advisory) call, so a tight max_live_numel never fails on a hold.
+  bool keeps_gathered(module_id m) const noexcept { return phase_ == step_phase::backward && awaiting_backward_[m]; }
+
   step_phase phase() const noexcept { return phase_; }
   std::int64_t pending_uses(module_id m) const noexcept { return module_pending_[m]; }
   std::int64_t pending_grads(param_id p) const noexcept { return param_pending_[p]; }
@@ -96,6 +105,7 @@ class use_counter {
   const model_spec* spec_ = nullptr;
   std::vector<std::int64_t> module_pending_;
   std::vector<std::int64_t> param_pending_;
+  std::vector<bool> awaiting_backward_;  // recomputed, its backward not yet entered
   step_phase phase_ = step_phase::forward;
 };
 

@@ -1,0 +1,129 @@
+#pragma once
+// The trace-based Prefetcher (the default): records the order of module scopes during the
+// first step, then replays it. On entering the scope at trace position i it asks the engine
+// to gather the parameters of the scopes after i, up to prefetch_numel elements ahead, and it
+// advises keeping a parameter whose next use is within max_reuse_distance elements. When the
+// model stops following the trace (a dynamic model), it drops to on-demand for the rest of
+// the step, says so once, counts it, and records a fresh trace on the next step.
+//
+// The window of requested-but-not-yet-used scopes is kept incrementally, so a scope costs
+// O(1) amortised however far ahead prefetch_numel reaches (models with thousands of small
+// modules must not be bound by the Prefetcher).
+#include <string>
+#include <vector>
+
+#include "zshard/prefetch/prefetcher.hpp"
+
+namespace zshard::prefetch {
+
+class trace {
+ public:
+  using zshard_tag = prefetcher_tag;
+
+  void reset(const model_spec& spec, const std::vector<shard_layout>& layouts, const engine_config& cfg) {
+    spec_ = &spec;
+    cfg_ = &cfg;
+    module_numel_.assign(spec.modules().size(), 0);
+    for (module_id m = 0; m < spec.modules().size(); ++m)
+      for (param_id p : spec.module(m).params)
+        if (!layouts[p].replicated) module_numel_[m] += layouts[p].padded_numel;
+    state_ = state::recording;
+    trace_.clear();
+    recording_.clear();
+    pos_ = frontier_ = window_numel_ = 0;
+  }
+
+  void on_scope_enter(module_id m, use_kind kind, std::vector<param_id>& ahead) {
+    if (state_ == state::recording) {
+      recording_.push_back({m, kind});
+      return;
+    }
+    if (state_ == state::on_demand) return;
+    if (pos_ >= trace_.size() || trace_[pos_].module != m || trace_[pos_].kind != kind) {
+      diverge(m);
+      return;
+    }
+    // The scope at pos_ runs now: if it was requested ahead, it leaves the window.
+    if (frontier_ > pos_) window_numel_ -= module_numel_[m];
+    else {
+      frontier_ = pos_ + 1;
+      window_numel_ = 0;
+    }
+    ++pos_;
+    const std::size_t budget = cfg_->prefetch.prefetch_numel;
+    while (frontier_ < trace_.size()) {
+      const module_id next = trace_[frontier_].module;
+      if (window_numel_ + module_numel_[next] > budget) break;
+      for (param_id p : spec_->module(next).params) ahead.push_back(p);
+      window_numel_ += module_numel_[next];
+      ++frontier_;
+    }
+  }
+
+  bool keep_after_scope(param_id p) const {
+    const std::size_t reach = cfg_->prefetch.max_reuse_distance;
+    if (state_ != state::replaying || reach == 0) return false;
+    std::size_t distance = 0;
+    for (std::size_t i = pos_; i < trace_.size() && distance <= reach; ++i) {
+      const module_id m = trace_[i].module;
+      for (param_id q : spec_->module(m).params)
+        if (q == p) return true;
+      distance += module_numel_[m];
+    }
+    return false;
+  }
+
+  void on_step() {
+    if (state_ == state::recording) {
+      trace_ = std::move(recording_);
+      recording_.clear();
+      state_ = trace_.empty() ? state::recording : state::replaying;
+    } else if (state_ == state::replaying && pos_ != trace_.size()) {
+      diverge_at_step_end();
+    } else if (state_ == state::on_demand) {
+      state_ = state::recording;
+    }
+    pos_ = frontier_ = window_numel_ = 0;
+  }
+
+  std::size_t divergences() const noexcept { return divergences_; }
+  bool replaying() const noexcept { return state_ == state::replaying; }
+  std::size_t trace_length() const noexcept { return trace_.size(); }
+
+ private:
+  enum class state { recording, replaying, on_demand };
+  struct entry {
+    module_id module;
+    use_kind kind;
+  };
+
+  void diverge(module_id m) {
+    const std::string expected = pos_ < trace_.size() ? "'" + spec_->module(trace_[pos_].module).name + "'" : "the end";
+    note("module '" + spec_->module(m).name + "' at scope #" + std::to_string(pos_) + " where the trace has " + expected);
+    state_ = state::on_demand;
+  }
+  void diverge_at_step_end() {
+    note("the step ended after " + std::to_string(pos_) + " of " + std::to_string(trace_.size()) + " traced scopes");
+    state_ = state::recording;
+    recording_.clear();
+  }
+  void note(const std::string& what) {
+    if (divergences_++ == 0)
+      cfg_->say("prefetch: the model left its recorded trace (" + what +
+                "); prefetching is on-demand until a new trace is recorded (said once; see divergences())");
+  }
+
+  const model_spec* spec_ = nullptr;
+  const engine_config* cfg_ = nullptr;
+  std::vector<std::size_t> module_numel_;  // gathered elements of each module (replicated excluded)
+  state state_ = state::recording;
+  std::vector<entry> trace_, recording_;
+  std::size_t pos_ = 0;           // next trace position expected
+  std::size_t frontier_ = 0;      // first trace position not yet requested ahead
+  std::size_t window_numel_ = 0;  // elements requested ahead and not yet used
+  std::size_t divergences_ = 0;
+};
+
+static_assert(check_prefetcher<trace>());
+
+}  // namespace zshard::prefetch
