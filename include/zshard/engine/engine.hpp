@@ -55,7 +55,7 @@ class engine {
       : backend_(backend),
         comm_(comm),
         spec_(validated(std::move(spec))),
-        cfg_(validated(std::move(cfg))),
+        cfg_(validated(std::move(cfg), comm.rank())),
         layouts_(make_layouts()),
         store_(backend, spec_, layouts_, cfg_.param_dtype),
         offloader_(store_, comm, cfg_),
@@ -201,6 +201,7 @@ class engine {
   std::size_t resident_numel() const noexcept { return store_.resident_numel(); }
   const tracker_type& tracker() const noexcept { return tracker_; }
   const offloader_type& offloader() const noexcept { return offloader_; }
+  const prefetcher_type& prefetcher() const noexcept { return prefetcher_; }
   const reducer_type& reducer() const noexcept { return reducer_; }
   int open_scopes() const noexcept { return open_scopes_; }
 
@@ -212,8 +213,14 @@ class engine {
     s.validate();
     return s;
   }
-  static engine_config validated(engine_config c) {
+  // Also tags every log line with the rank that says it.
+  static engine_config validated(engine_config c, int rank) {
     c.validate();
+    c.log = [sink = std::move(c.log), rank](const std::string& line) {
+      const std::string tagged = "rank " + std::to_string(rank) + ": " + line;
+      if (sink) sink(tagged);
+      else std::cerr << "zshard: " << tagged << '\n';
+    };
     return c;
   }
 

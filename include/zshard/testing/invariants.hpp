@@ -1,0 +1,121 @@
+#pragma once
+// Checks a user can run in their own doctest suite to verify an integration with zshard:
+//
+//   #include <doctest/doctest.h>
+//   #include <zshard/testing/invariants.hpp>
+//   ...
+//   eng.step();
+//   ZSHARD_CHECK_STEP_INVARIANTS(eng);                // I2-I6 at the step boundary
+//   CHECK(zshard::testing::memory_bound_violations(eng).empty());
+//
+// and, for equality with single-process training, zshard::testing::max_relative_difference()
+// over the parameters gathered from a sharded run and a world-size-1 run of the same loop.
+// Each check returns human-readable violations instead of asserting, so it also serves tests
+// that are not written with doctest.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "zshard/core/memory_ledger.hpp"
+#include "zshard/model/model_spec.hpp"
+
+namespace zshard::testing {
+
+// What must hold right after step(): nothing open, pending, gathered or waiting (I2-I4), the
+// resident figure derived from the gathered set agrees with a scan (I5), the Reducer is empty
+// (I6), and the ledger holds no gathered parameters or full gradients.
+template <class Engine>
+std::vector<std::string> step_boundary_violations(const Engine& eng) {
+  std::vector<std::string> v;
+  const auto& spec = eng.spec();
+  if (eng.open_scopes() != 0) v.push_back(std::to_string(eng.open_scopes()) + " module scope(s) open");
+  for (module_id m = 0; m < spec.modules().size(); ++m)
+    if (eng.tracker().pending_uses(m) != 0)
+      v.push_back("module '" + spec.module(m).name + "' has " + std::to_string(eng.tracker().pending_uses(m)) +
+                  " counted use(s) pending (I1/I2)");
+  std::size_t scanned = 0;
+  for (param_id p = 0; p < spec.params().size(); ++p) {
+    const auto& s = eng.store()[p];
+    if (s.gathered) {
+      scanned += s.layout.padded_numel;
+      v.push_back("parameter '" + spec.param(p).name + "' still gathered (I4)");
+    }
+    if (s.full_grad) v.push_back("parameter '" + spec.param(p).name + "' still holds a full gradient (I3)");
+    if (s.pins != 0 || s.holds != 0) v.push_back("parameter '" + spec.param(p).name + "' still pinned or held (I2)");
+  }
+  if (scanned != eng.resident_numel()) v.push_back("resident elements by scan and by set disagree (I5)");
+  if (eng.reducer().pending_numel() != 0) v.push_back("the Reducer still has gradients pending (I6)");
+  const memory_ledger& l = eng.ledger();
+  if (l.current(mem_category::gathered_params) != 0) v.push_back("ledger: gathered_params not zero after step (I4)");
+  if (l.current(mem_category::grad_buckets) != 0) v.push_back("ledger: grad_buckets not zero after step (I6)");
+  return v;
+}
+
+// Peak bounds read from the ledger since its last reset_peaks(): gathered parameters within
+// max_live_numel (I5; the largest module alone when allow_oversized_module), full gradients
+// within one bucket plus the largest module's gradients (I6).
+template <class Engine>
+std::vector<std::string> memory_bound_violations(const Engine& eng) {
+  std::vector<std::string> v;
+  const auto& spec = eng.spec();
+  const auto& cfg = eng.config();
+  std::size_t widest_elem = 0, largest_module = 0;
+  for (const auto& m : spec.modules()) {
+    std::size_t n = 0;
+    for (param_id p : m.params) {
+      const auto& s = eng.store()[p];
+      if (s.layout.replicated) continue;
+      n += s.layout.padded_numel;
+      widest_elem = std::max(widest_elem, size_of(s.type));
+    }
+    largest_module = std::max(largest_module, n);
+  }
+  const std::size_t live_numel = cfg.prefetch.allow_oversized_module
+                                     ? std::max(cfg.prefetch.max_live_numel, largest_module)
+                                     : cfg.prefetch.max_live_numel;
+  const memory_ledger& l = eng.ledger();
+  if (l.peak(mem_category::gathered_params) > live_numel * widest_elem)
+    v.push_back("gathered parameters peaked at " + std::to_string(l.peak(mem_category::gathered_params)) +
+                " bytes, above max_live_numel (I5)");
+  const std::size_t bucket_bound = (cfg.reduce.reduce_bucket_numel + largest_module) * sizeof(float);
+  if (l.peak(mem_category::grad_buckets) > bucket_bound)
+    v.push_back("full gradients peaked at " + std::to_string(l.peak(mem_category::grad_buckets)) +
+                " bytes, above one bucket plus the largest module's gradients = " + std::to_string(bucket_bound) +
+                " (I6)");
+  return v;
+}
+
+// Largest normwise relative difference between two sets of parameters (e.g. gathered after a
+// sharded run and after a world-size-1 run of the same loop); single-process training equality
+// in f32 is expected within about 1e-5.
+inline double max_relative_difference(const std::vector<std::vector<float>>& a,
+                                      const std::vector<std::vector<float>>& b) {
+  double worst = a.size() == b.size() ? 0.0 : INFINITY;
+  for (std::size_t p = 0; p < a.size() && p < b.size(); ++p) {
+    if (a[p].size() != b[p].size()) return INFINITY;
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < a[p].size(); ++i) {
+      diff += (double(a[p][i]) - b[p][i]) * (double(a[p][i]) - b[p][i]);
+      norm += double(b[p][i]) * b[p][i];
+    }
+    worst = std::max(worst, norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff));
+  }
+  return worst;
+}
+
+}  // namespace zshard::testing
+
+// doctest-flavoured wrappers, available when doctest is included first.
+#ifdef DOCTEST_VERSION
+#define ZSHARD_CHECK_STEP_INVARIANTS(eng)                                          \
+  do {                                                                             \
+    for (const auto& zshard_violation : ::zshard::testing::step_boundary_violations(eng)) \
+      FAIL_CHECK(zshard_violation);                                                \
+  } while (0)
+#define ZSHARD_CHECK_MEMORY_BOUNDS(eng)                                            \
+  do {                                                                             \
+    for (const auto& zshard_violation : ::zshard::testing::memory_bound_violations(eng)) \
+      FAIL_CHECK(zshard_violation);                                                \
+  } while (0)
+#endif

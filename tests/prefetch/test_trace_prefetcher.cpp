@@ -1,0 +1,130 @@
+// The trace-based Prefetcher: records the first step, then gathers ahead within
+// prefetch_numel and max_live_numel; a model that leaves the trace drops to on-demand (said
+// once, counted) and is re-recorded; results never depend on what was prefetched.
+#include <doctest/doctest.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "zshard/backend/host_backend.hpp"
+#include "zshard/comm/thread_comm.hpp"
+#include "zshard/engine/engine.hpp"
+#include "zshard/testing/invariants.hpp"
+
+using namespace zshard;
+
+namespace {
+
+constexpr int modules = 5;
+constexpr std::int64_t numel = 30;  // padded to 30 for world 1, 2, 3
+
+model_spec chain() {
+  model_spec spec;
+  for (int m = 0; m < modules; ++m) spec.add_module("m" + std::to_string(m), {spec.add_param("w" + std::to_string(m), {numel})});
+  return spec;
+}
+
+template <class P>
+struct policies_with : default_policies {
+  using prefetcher = P;
+};
+
+struct observed {
+  std::vector<std::vector<std::size_t>> resident;  // per step, resident numel inside each scope
+  std::vector<std::vector<float>> params;
+  std::size_t divergences = 0;
+  std::vector<std::string> log;
+};
+
+template <class Prefetcher>
+observed run(int world, engine_config cfg, const std::vector<std::vector<module_id>>& orders) {
+  observed out;
+  std::mutex mu;
+  cfg.log = [&](const std::string& line) {
+    std::lock_guard lock(mu);
+    out.log.push_back(line);
+  };
+  run_ranks(world, [&](thread_comm& comm) {
+    host_backend backend;
+    engine<host_backend, thread_comm, policies_with<Prefetcher>> eng(backend, comm, chain(), cfg);
+    std::vector<std::vector<std::size_t>> resident;
+    for (const auto& order : orders) {
+      resident.emplace_back();
+      for (module_id m : order) {
+        auto s = eng.forward(m);
+        resident.back().push_back(eng.resident_numel());
+      }
+      eng.begin_backward();
+      for (std::size_t i = order.size(); i-- > 0;) {
+        auto g = eng.backward(order[i]);
+        resident.back().push_back(eng.resident_numel());
+        g.grad_data(0)[std::size_t(order[i])] += float(i + 1);
+      }
+      eng.end_backward();
+      eng.step();
+      for (const auto& v : testing::step_boundary_violations(eng)) FAIL_CHECK(v);
+    }
+    std::vector<std::vector<float>> params;
+    for (param_id p = 0; p < modules; ++p) params.push_back(eng.gather_param(p));
+    if (comm.rank() == 0) {
+      std::lock_guard lock(mu);
+      out.resident = resident;
+      out.params = params;
+      if constexpr (std::is_same_v<Prefetcher, prefetch::trace>) out.divergences = eng.prefetcher().divergences();
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the first step records; later steps gather ahead within prefetch_numel and max_live_numel") {
+  const std::vector<module_id> order = {0, 1, 2, 3, 4};
+  for (int world : {1, 2, 3}) {
+    engine_config cfg;
+    cfg.prefetch.prefetch_numel = 2 * numel;  // two modules ahead
+    cfg.prefetch.max_live_numel = 10 * numel;
+    const auto r = run<prefetch::trace>(world, cfg, {order, order, order});
+    INFO("world " << world);
+    CHECK(r.resident[0][0] == numel);      // recording: on demand
+    CHECK(r.resident[1][0] == 3 * numel);  // replay: m0 in use, m1 and m2 gathered ahead
+    for (std::size_t s = 1; s < 3; ++s)
+      for (std::size_t i = 0; i < r.resident[s].size(); ++i) CHECK(r.resident[s][i] <= 3 * numel);
+    // a tight budget wins over prefetch_numel
+    cfg.prefetch.max_live_numel = 2 * numel;
+    const auto tight = run<prefetch::trace>(world, cfg, {order, order});
+    for (const auto& step : tight.resident)
+      for (std::size_t x : step) CHECK(x <= 2 * numel);
+    CHECK(tight.resident[1][0] == 2 * numel);
+    CHECK(r.divergences == 0);
+    CHECK(r.log.empty());
+  }
+}
+
+TEST_CASE("what is prefetched never changes the result") {
+  const std::vector<module_id> order = {0, 1, 2, 3, 4};
+  engine_config cfg;
+  cfg.prefetch.prefetch_numel = 3 * numel;
+  cfg.prefetch.max_reuse_distance = 2 * numel;
+  const auto traced = run<prefetch::trace>(3, cfg, {order, order, order});
+  const auto on_demand = run<prefetch::on_demand>(3, cfg, {order, order, order});
+  CHECK(traced.params == on_demand.params);
+}
+
+TEST_CASE("leaving the trace drops to on-demand, says so once, counts, and re-records") {
+  const std::vector<module_id> a = {0, 1, 2, 3, 4}, b = {0, 2, 1, 4, 3};
+  engine_config cfg;
+  cfg.prefetch.prefetch_numel = 2 * numel;
+  // steps: record a, replay a, leave (b), record b, replay b, leave again (a)
+  const auto r = run<prefetch::trace>(2, cfg, {a, a, b, b, b, a});
+  CHECK(r.divergences == 2);
+  REQUIRE(r.log.size() == 2);  // once per rank, tagged with it
+  for (const auto& line : r.log) CHECK(line.find("left its recorded trace") != std::string::npos);
+  CHECK((r.log[0].rfind("rank 0: ", 0) == 0 || r.log[1].rfind("rank 0: ", 0) == 0));
+  CHECK(r.resident[2].back() == numel);       // after the divergence: on demand
+  CHECK(r.resident[3][0] == numel);           // re-recording b
+  CHECK(r.resident[4][0] == 3 * numel);       // replaying b: prefetching again
+  const auto on_demand = run<prefetch::on_demand>(2, cfg, {a, a, b, b, b, a});
+  CHECK(r.params == on_demand.params);
+}
