@@ -113,6 +113,7 @@ class engine {
     for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
     reducer_.flush(offloader_);
     for (module_id m = 0; m < module_held_.size(); ++m) set_held(m, false);  // I3: holds end here
+    check(resident_by_scan() == store_.resident_numel(), "resident elements disagree with the gathered set (I5)");
     release_unpinned();
     check(store_.gathered_set().empty(), "parameters still gathered after end_backward");
     ++micro_batches_;

@@ -1,9 +1,10 @@
 #pragma once
 // Per-rank storage of every parameter: its layout, its working shard, and — while in use — its
 // gathered full value and its full gradient. The store owns the buffers; policies decide when
-// they come and go. Resident gathered elements are derived from the set of gathered
-// parameters on every query (invariant I5), never kept as a free-running counter.
-#include <algorithm>
+// they come and go. Resident gathered elements (invariant I5) move only together with the set
+// of gathered parameters — in the two functions that add to and remove from it — so the figure
+// cannot drift from the set or be reset on its own; the engine cross-checks it against a full
+// scan at every step boundary.
 #include <vector>
 
 #include "zshard/core/buffer.hpp"
@@ -22,6 +23,7 @@ struct param_slot {
   buffer<Backend> full_grad;     // f32, padded, while backward accumulates into it
   int pins = 0;                  // open scopes using this parameter
   int holds = 0;                 // modules the HookTracker holds gathered that list this parameter
+  std::size_t set_index = 0;     // position in the store's gathered set while gathered
 
   // Gathered but neither in use nor held: may be released to make room.
   bool evictable() const noexcept { return gathered && pins == 0 && holds == 0; }
@@ -57,30 +59,30 @@ class param_store {
   void mark_gathered(param_id p) {
     auto& s = slots_[p];
     s.gathered = buffer<Backend>(backend_, s.type, s.layout.padded_numel, mem_category::gathered_params);
+    s.set_index = gathered_set_.size();
     gathered_set_.push_back(p);
+    resident_numel_ += s.layout.padded_numel;
   }
   void release_gathered(param_id p) noexcept {
-    slots_[p].gathered.reset();
-    auto it = std::find(gathered_set_.begin(), gathered_set_.end(), p);
-    if (it != gathered_set_.end()) {
-      *it = gathered_set_.back();
-      gathered_set_.pop_back();
-    }
+    auto& s = slots_[p];
+    if (!s.gathered) return;
+    s.gathered.reset();
+    const param_id last = gathered_set_.back();  // O(1) removal: the last entry takes p's place
+    gathered_set_[s.set_index] = last;
+    slots_[last].set_index = s.set_index;
+    gathered_set_.pop_back();
+    resident_numel_ -= s.layout.padded_numel;
   }
   const std::vector<param_id>& gathered_set() const noexcept { return gathered_set_; }
 
-  // I5: derived from the set, not counted.
-  std::size_t resident_numel() const noexcept {
-    std::size_t n = 0;
-    for (param_id p : gathered_set_) n += slots_[p].layout.padded_numel;
-    return n;
-  }
+  std::size_t resident_numel() const noexcept { return resident_numel_; }
 
  private:
   Backend& backend_;
   const model_spec& spec_;
   std::vector<param_slot<Backend>> slots_;
   std::vector<param_id> gathered_set_;
+  std::size_t resident_numel_ = 0;  // sum of padded_numel over gathered_set_
 };
 
 }  // namespace zshard
