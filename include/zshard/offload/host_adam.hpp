@@ -1,0 +1,374 @@
+#pragma once
+// The host Offloader (ZeRO-Offload): fp32 master parameters, AdamW moments and fp32 gradient
+// shards live in host memory: the backend's page-locked memory and its ledger when it has one
+// (cuda_backend::pinned(); the budget is then the backend's host budget), else the offloader's
+// own ledger "host (offloaded optimizer state)" (host_memory.hpp). The update runs on the CPU
+// with the vectorised multi-threaded AdamW (optim/adamw_dispatch.hpp), and the updated working
+// shards (f32/bf16/f16) go back to the backend, which then holds only working shards, gathered
+// parameters and gradient buckets.
+//
+// What runs when, and what overlaps:
+//  - During backward, each reduced gradient shard arrives as soon as its bucket is reduced
+//    (accumulate_grad). Its sum of squares and Inf/NaN flag are computed in the same pass that
+//    accumulates it, tile by tile, so step() needs no extra pass over the gradients for the
+//    global norm and the overflow check. The first arrival in a step is copied, not added,
+//    and nothing is ever zeroed: a per-parameter flag says whether the gradient holds data.
+//    * Device memory (CUDA): each shard streams to the host through two page-locked staging
+//      halves; while the rank thread copies the next chunk, the pool's helper threads add the
+//      previous one, and the rank thread returns to backward as soon as its last chunk has
+//      landed. Accumulation and statistics run behind the rest of backward.
+//    * Host memory (host backend): the reducer frees the shard as soon as this call returns,
+//      and a copy to keep it would cost as much as the add, so the add runs now, split over
+//      the pool in tiles.
+//  - The update itself cannot start before step(): with clipping it needs the global norm,
+//    and with loss scaling the all-ranks overflow decision, which exist only when every rank
+//    has finished backward. At step() all threads run AdamW tile by tile and write the working
+//    copy in the same pass: into the backend's shard directly when that is host memory,
+//    otherwise into a staging half whose device copy runs while the next round of tiles is
+//    updated (double buffering).
+//  - Holds no storage (phantom backend): every array is accounted in the host ledger with its
+//    real size and no memory is touched, so simulated models report host memory per rank.
+//
+// Threads: offload_config::host_threads (engine_config::offload once it exists; see
+// offload_config.hpp), else one per hardware thread; or construct host_adam_impl with an
+// offload_config (a custom family can do that, see tests/offload/test_host_adam.cpp).
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "zshard/comm/communicator.hpp"
+#include "zshard/core/buffer.hpp"
+#include "zshard/core/worker_pool.hpp"
+#include "zshard/offload/host_memory.hpp"
+#include "zshard/offload/offload_config.hpp"
+#include "zshard/offload/offloader.hpp"
+#include "zshard/optim/adamw_dispatch.hpp"
+#include "zshard/optim/grad_clip.hpp"
+
+namespace zshard::offload {
+
+template <class Backend, class Comm>
+class host_adam_impl {
+  static constexpr bool holds_storage = Backend::holds_storage;
+  static constexpr bool in_place = holds_storage && memory_is_host<Backend>();  // backend memory is host memory
+  using resource_type = host_resource_t<Backend>;
+  struct no_memory {
+    no_memory(const std::string&, std::optional<std::size_t>, bool) noexcept {}
+  };
+  using own_memory_type = std::conditional_t<has_pinned_memory<Backend>, no_memory, host_memory>;
+
+ public:
+  host_adam_impl(param_store<Backend>& store, Comm& comm, const engine_config& cfg)
+      : host_adam_impl(store, comm, cfg, offload_config_of(cfg)) {}
+
+  host_adam_impl(param_store<Backend>& store, Comm& comm, const engine_config& cfg, const offload_config& oc)
+      : store_(store),
+        comm_(comm),
+        cfg_(cfg),
+        oc_(validated(oc)),
+        own_memory_("host (offloaded optimizer state)", oc_.host_budget_bytes, holds_storage),
+        memory_(pick_memory()),
+        path_(optim::resolve(oc_.host_path)),
+        tile_(optim::round_up_to_granule(oc_.host_tile_numel)),
+        staging_numel_(optim::round_up_to_granule(oc_.host_staging_numel)),
+        stream_(store.backend().make_stream()),
+        pool_(holds_storage ? oc_.host_threads : 1) {
+    plan();
+    master_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
+    m_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
+    v_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
+    grad_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::grad_shards);
+    if constexpr (holds_storage && !in_place)
+      staging_ = buffer<resource_type>(memory_, dtype::f32, 2 * staging_numel_, mem_category::scratch);
+    if constexpr (holds_storage) {
+      if (total_numel_ > 0) {
+        std::memset(m_.data(), 0, m_.bytes());
+        std::memset(v_.data(), 0, v_.bytes());
+      }
+    }
+  }
+  host_adam_impl(const host_adam_impl&) = delete;
+  host_adam_impl& operator=(const host_adam_impl&) = delete;
+
+  void init_param(param_id p, const float* values) {
+    const auto& ps = trainable_state(p);
+    if constexpr (holds_storage) {
+      store_.backend().copy(f32(master_) + ps.offset, values, ps.numel * sizeof(float), stream_);
+      store_.backend().synchronize(stream_);
+    }
+  }
+
+  void accumulate_grad(param_id p, const float* g, std::size_t n) {
+    auto& ps = trainable_state(p);
+    if (n != ps.numel)  // a branch, not require(): the message is built only on failure (no per-step allocation)
+      throw error(error_kind::invariant, "host_adam: gradient of parameter '" + store_[p].spec->name + "' has " +
+                                             std::to_string(n) + " elements, its shard " + std::to_string(ps.numel));
+    const bool first = !ps.has_grad;
+    ps.has_grad = true;
+    if constexpr (in_place) accumulate_in_place(ps, g, first);
+    else if constexpr (holds_storage) stream_from_device(ps, g, first);
+  }
+
+  // Over the gradients this rank owns; the sums were taken as the gradients arrived.
+  grad_stats local_grad_stats() {
+    pool_.wait();
+    grad_stats total;
+    for (param_id p = 0; p < params_.size(); ++p) {
+      const auto& ps = params_[p];
+      if (!ps.has_grad) continue;  // no gradient arrived: it is zero
+      if (store_[p].layout.replicated && comm_.rank() != 0) continue;  // count replicated values once
+      for (std::size_t k = 0; k < ps.tile_count; ++k) total += tile_stats_[ps.first_tile + k];
+    }
+    return total;
+  }
+
+  void update(const update_args& a) {
+    pool_.wait();
+    optim::adamw_config hyper = cfg_.adamw;
+    hyper.lr = a.lr;
+    steps_[0] = optim::make_adamw_step(hyper, a.step, a.grad_scale, false);
+    steps_[1] = optim::make_adamw_step(hyper, a.step, a.grad_scale, true);
+    if constexpr (holds_storage) {
+      for (const auto& ps : params_)  // AdamW still decays and moves with a zero gradient
+        if (ps.trainable && !ps.has_grad) std::memset(f32(grad_) + ps.offset, 0, ps.numel * sizeof(float));
+      if constexpr (in_place) update_in_place();
+      else update_through_staging();
+    }
+    clear_grads();
+  }
+
+  void discard_grads() {
+    pool_.wait();
+    clear_grads();
+  }
+
+  const memory_ledger& state_ledger() const noexcept { return memory_.ledger(); }
+
+  // The fp32 master shard of p on the host (empty for frozen parameters and phantom backends).
+  std::span<const float> master(param_id p) const noexcept {
+    const auto& ps = params_[p];
+    if (!ps.trainable || master_.data() == nullptr) return {};
+    return {f32(master_) + ps.offset, ps.numel};
+  }
+  const offload_config& config() const noexcept { return oc_; }
+  optim::simd_path path() const noexcept { return path_; }
+  int threads() const noexcept { return pool_.size(); }
+
+ private:
+  struct param_state {
+    bool trainable = false;
+    bool has_grad = false;       // a gradient arrived since the last update/discard; else it is zero
+    std::size_t offset = 0;      // first element in the flat host arrays (a multiple of 32)
+    std::size_t numel = 0;       // shard elements
+    std::size_t first_tile = 0;  // tiles_[first_tile, first_tile + tile_count)
+    std::size_t tile_count = 0;
+  };
+  struct tile {
+    param_id p;
+    std::size_t offset;        // in the flat host arrays
+    std::size_t local;         // in p's shard
+    std::size_t len;
+    std::size_t staging_byte;  // where its working values go in a staging half (device backends)
+  };
+  // A round of the device path: tiles updated into one staging half, then copied out as one
+  // segment per parameter.
+  struct segment {
+    param_id p;
+    std::size_t local, len, staging_byte;
+  };
+  struct round {
+    std::size_t tile_begin, tile_end, segment_begin, segment_end;
+  };
+  // The background job of the device path: accumulates one staged chunk (see stream_from_device).
+  struct stream_job {
+    host_adam_impl* self = nullptr;
+    const float* staged = nullptr;  // the chunk in a staging half
+    std::size_t first_tile = 0;     // index in tiles_ of the chunk's first tile
+    std::size_t base_local = 0;     // local offset the chunk starts at
+    bool first = false;
+    void operator()(std::size_t k) const noexcept {
+      const tile& t = self->tiles_[first_tile + k];
+      accumulate_tile(f32(self->grad_) + t.offset, staged + (t.local - base_local), t.len, first,
+                      self->tile_stats_[first_tile + k]);
+    }
+  };
+
+  static float* f32(const buffer<resource_type>& b) noexcept { return b.template as<float>(); }
+
+  resource_type& pick_memory() noexcept {
+    if constexpr (has_pinned_memory<Backend>) return store_.backend().pinned();
+    else return own_memory_;
+  }
+
+  static offload_config validated(const offload_config& oc) {
+    oc.validate();
+    return oc;
+  }
+
+  param_state& trainable_state(param_id p) {
+    if (p >= params_.size() || !params_[p].trainable)
+      throw error(error_kind::usage, "host_adam: parameter #" + std::to_string(p) + " is not a trainable parameter",
+                  "frozen parameters have no optimizer state and receive no gradient");
+    return params_[p];
+  }
+
+  // Flat layout, tiles and the device path's rounds; everything later steps need, so that no
+  // step allocates.
+  void plan() {
+    params_.resize(store_.size());
+    for (param_id p = 0; p < store_.size(); ++p) {
+      const auto& slot = store_[p];
+      if (!slot.spec->trainable) continue;
+      auto& ps = params_[p];
+      ps.trainable = true;
+      ps.offset = total_numel_;
+      ps.numel = slot.layout.shard_numel;
+      total_numel_ += optim::round_up_to_granule(ps.numel);
+      if constexpr (!holds_storage) continue;  // accounting only: no work is ever split
+      ps.first_tile = tiles_.size();
+      for (std::size_t b = 0; b < ps.numel; b += tile_)
+        tiles_.push_back({p, ps.offset + b, b, std::min(tile_, ps.numel - b), 0});
+      ps.tile_count = tiles_.size() - ps.first_tile;
+    }
+    tile_stats_.assign(tiles_.size(), grad_stats{});
+    if constexpr (holds_storage && !in_place) plan_rounds();
+  }
+
+  void plan_rounds() {
+    for (std::size_t i = 0; i < tiles_.size();) {
+      round r{i, i, segments_.size(), segments_.size()};
+      const std::size_t base = tiles_[i].offset;
+      while (r.tile_end < tiles_.size() && tiles_[r.tile_end].offset + tiles_[r.tile_end].len - base <= staging_numel_) {
+        tile& t = tiles_[r.tile_end];
+        const std::size_t w = size_of(store_[t.p].type);
+        if (r.segment_end == r.segment_begin || segments_.back().p != t.p)
+          segments_.push_back({t.p, t.local, 0, (t.offset - base) * sizeof(float)});
+        segment& s = segments_.back();
+        t.staging_byte = s.staging_byte + (t.local - s.local) * w;  // working values of a segment are contiguous
+        s.len += t.len;
+        r.segment_end = segments_.size();
+        ++r.tile_end;
+      }
+      rounds_.push_back(r);
+      i = r.tile_end;
+    }
+  }
+
+  // dst (+)= src over one tile, then the tile's sum of squares and Inf/NaN flag while it is in cache.
+  static void accumulate_tile(float* dst, const float* src, std::size_t n, bool first, grad_stats& out) noexcept {
+    if (first) std::memcpy(dst, src, n * sizeof(float));
+    else
+      for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+    optim::norm_accumulator acc;
+    acc.add(dst, n, 1.0f);
+    out = {acc.sum_squares, acc.nonfinite};
+  }
+
+  void accumulate_in_place(const param_state& ps, const float* g, bool first) {
+    auto body = [&](std::size_t k) {
+      const tile& t = tiles_[ps.first_tile + k];
+      accumulate_tile(f32(grad_) + t.offset, g + t.local, t.len, first, tile_stats_[ps.first_tile + k]);
+    };
+    pool_.run(ps.tile_count, body);
+  }
+
+  // Chunks of whole tiles, each at most one staging half: copy chunk c to the host into half
+  // c % 2 (the helpers may still be adding chunk c - 1 from the other half), wait for chunk
+  // c - 1, start chunk c's accumulation in the background, go on.
+  void stream_from_device(const param_state& ps, const float* g, bool first) {
+    Backend& b = store_.backend();
+    for (std::size_t k = 0; k < ps.tile_count;) {
+      const std::size_t base = tiles_[ps.first_tile + k].local;
+      std::size_t e = k;
+      while (e < ps.tile_count && tiles_[ps.first_tile + e].local + tiles_[ps.first_tile + e].len - base <= staging_numel_)
+        ++e;
+      const tile& last = tiles_[ps.first_tile + e - 1];
+      float* half = f32(staging_) + next_half_ * staging_numel_;
+      b.copy(half, g + base, (last.local + last.len - base) * sizeof(float), stream_);
+      b.synchronize(stream_);
+      pool_.wait();
+      job_ = {this, half, ps.first_tile + k, base, first};
+      pool_.start(e - k, job_);
+      next_half_ ^= 1;
+      k = e;
+    }
+  }
+
+  const optim::adamw_step& step_for(param_id p) const noexcept { return steps_[store_[p].spec->decay ? 1 : 0]; }
+
+  void update_tile(const tile& t, void* out) noexcept {
+    optim::adamw_update_on(path_, step_for(t.p), f32(master_) + t.offset, f32(m_) + t.offset, f32(v_) + t.offset,
+                           f32(grad_) + t.offset, t.len, out, store_[t.p].type);
+  }
+
+  // Host memory: the working copy is written straight into the backend's shard.
+  void update_in_place() {
+    auto body = [&](std::size_t i) {
+      const tile& t = tiles_[i];
+      const auto& slot = store_[t.p];
+      update_tile(t, static_cast<char*>(slot.shard.data()) + t.local * size_of(slot.type));
+    };
+    pool_.run(tiles_.size(), body);
+  }
+
+  // Device memory: round r is updated into staging half r % 2 while round r - 1's copies to
+  // the device run; before issuing round r's copies, wait for round r - 1's, which frees the
+  // half that round r + 1 writes.
+  void update_through_staging() {
+    Backend& b = store_.backend();
+    for (std::size_t r = 0; r < rounds_.size(); ++r) {
+      const round& rd = rounds_[r];
+      char* half = reinterpret_cast<char*>(f32(staging_) + (r % 2) * staging_numel_);
+      auto body = [&](std::size_t k) {
+        const tile& t = tiles_[rd.tile_begin + k];
+        update_tile(t, half + t.staging_byte);
+      };
+      pool_.run(rd.tile_end - rd.tile_begin, body);
+      b.synchronize(stream_);
+      for (std::size_t s = rd.segment_begin; s < rd.segment_end; ++s) {
+        const segment& seg = segments_[s];
+        auto& slot = store_[seg.p];
+        const std::size_t w = size_of(slot.type);
+        b.copy(static_cast<char*>(slot.shard.data()) + seg.local * w, half + seg.staging_byte, seg.len * w, stream_);
+      }
+    }
+    b.synchronize(stream_);
+  }
+
+  void clear_grads() noexcept {
+    for (auto& ps : params_) ps.has_grad = false;
+  }
+
+  param_store<Backend>& store_;
+  Comm& comm_;
+  const engine_config& cfg_;
+  const offload_config oc_;
+  own_memory_type own_memory_;  // unused when the backend has pinned memory
+  resource_type& memory_;
+  const optim::simd_path path_;
+  const std::size_t tile_, staging_numel_;
+  typename Backend::stream stream_;
+  std::vector<param_state> params_;
+  std::vector<tile> tiles_;
+  std::vector<grad_stats> tile_stats_;  // per tile, of the accumulated gradient
+  std::vector<segment> segments_;
+  std::vector<round> rounds_;
+  std::size_t total_numel_ = 0;
+  optim::adamw_step steps_[2]{};  // [decay]
+  buffer<resource_type> master_, m_, v_, grad_, staging_;
+  std::size_t next_half_ = 0;
+  stream_job job_{};
+  worker_pool pool_;  // last: joined before anything its jobs touch is destroyed
+};
+
+struct host_adam {
+  using zshard_tag = offloader_tag;
+  template <class Backend, class Comm>
+  using impl = host_adam_impl<Backend, Comm>;
+};
+
+}  // namespace zshard::offload

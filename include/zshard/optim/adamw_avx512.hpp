@@ -1,0 +1,142 @@
+#pragma once
+// AdamW on 16 lanes (AVX-512F/BW/VL/DQ), with the working copy (f32, bf16 or f16) written in
+// the same pass. Every function carries its own `target` attribute, so the program around it
+// is compiled for the baseline ISA; call these only when path_supported(simd_path::avx512)
+// (adamw_dispatch.hpp does). bf16 rounding is integer round-to-nearest-even with NaN kept
+// quiet, exactly to_bf16; the *_native variants use VCVTNEPS2BF16 (avx512_bf16 CPUs), which
+// differs from to_bf16 only by flushing f32 subnormals to zero (see adamw_simd_common.hpp).
+// f16 uses VCVTPS2PH with round-to-nearest-even, exactly to_f16.
+#include <cstddef>
+#include <type_traits>
+
+#include "zshard/core/dtype.hpp"
+#include "zshard/optim/adamw_simd_common.hpp"
+#include "zshard/optim/cpu_features.hpp"
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#include <immintrin.h>
+
+// GCC 12 reports the self-initialised placeholder inside _mm512_undefined_ps() (used by the
+// unmasked intrinsics) as maybe-uninitialized (GCC bug 105593, fixed in 12.3).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#define ZSHARD_AVX512_ISA "avx512f,avx512bw,avx512vl,avx512dq"
+#define ZSHARD_AVX512 __attribute__((target(ZSHARD_AVX512_ISA)))
+#define ZSHARD_AVX512_INLINE __attribute__((target(ZSHARD_AVX512_ISA), always_inline)) inline
+#define ZSHARD_AVX512_BF16 __attribute__((target(ZSHARD_AVX512_ISA ",avx512bf16")))
+
+namespace zshard::optim::avx512 {
+
+struct lanes {
+  __m512 b1, one_minus_b1, b2, one_minus_b2, eps, grad_scale, decay, step_size, sqrt_bc2;
+};
+
+ZSHARD_AVX512_INLINE lanes broadcast(const simd::adamw_constants& c) {
+  return {_mm512_set1_ps(c.b1),         _mm512_set1_ps(c.one_minus_b1), _mm512_set1_ps(c.b2),
+          _mm512_set1_ps(c.one_minus_b2), _mm512_set1_ps(c.eps),        _mm512_set1_ps(c.grad_scale),
+          _mm512_set1_ps(c.decay),      _mm512_set1_ps(c.step_size),    _mm512_set1_ps(c.sqrt_bc2)};
+}
+
+// An empty asm that claims to change x: the product is rounded to f32 and the compiler cannot
+// fuse it into the following add (AVX-512F has FMA), so results match the reference's two
+// roundings. Costs no instruction.
+ZSHARD_AVX512_INLINE __m512 rounded(__m512 x) {
+  __asm__("" : "+v"(x));
+  return x;
+}
+
+// One vector of the update at `i`, in the reference's operation order (adamw.hpp); stores m,
+// v and the master and returns the new master for the write-back.
+ZSHARD_AVX512_INLINE __m512 update(const lanes& k, float* master, float* m, float* v, const float* grad) {
+  const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad), k.grad_scale);
+  const __m512 mi = _mm512_add_ps(rounded(_mm512_mul_ps(k.b1, _mm512_loadu_ps(m))), rounded(_mm512_mul_ps(k.one_minus_b1, g)));
+  const __m512 vi = _mm512_add_ps(rounded(_mm512_mul_ps(k.b2, _mm512_loadu_ps(v))),
+                                  rounded(_mm512_mul_ps(_mm512_mul_ps(k.one_minus_b2, g), g)));
+  const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), k.sqrt_bc2), k.eps);
+  const __m512 p = _mm512_sub_ps(rounded(_mm512_mul_ps(_mm512_loadu_ps(master), k.decay)),
+                                 _mm512_div_ps(_mm512_mul_ps(k.step_size, mi), denom));
+  _mm512_storeu_ps(m, mi);
+  _mm512_storeu_ps(v, vi);
+  _mm512_storeu_ps(master, p);
+  return p;
+}
+
+// bf16 bits of 16 floats, as to_bf16: add 0x7fff plus the lowest kept bit (ties to even; an
+// overflow carries into Inf), NaN made quiet with its sign and top payload kept.
+ZSHARD_AVX512_INLINE __m256i to_bf16_bits(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded_bits = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+  const __m512i quiet_nan = _mm512_or_si512(u, _mm512_set1_epi32(0x400000));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_mask_blend_epi32(nan, rounded_bits, quiet_nan), 16));
+}
+
+ZSHARD_AVX512_INLINE __m256i to_f16_bits(__m512 x) {
+  return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+__attribute__((target(ZSHARD_AVX512_ISA ",avx512bf16"), always_inline)) inline __m256i to_bf16_bits_native(__m512 x) {
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+}
+
+template <class W>
+ZSHARD_AVX512_INLINE void store(W* out, __m512 p) {
+  if constexpr (std::is_same_v<W, float>) _mm512_storeu_ps(out, p);
+  else if constexpr (std::is_same_v<W, bf16>) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), to_bf16_bits(p));
+  else if constexpr (std::is_same_v<W, f16>) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), to_f16_bits(p));
+}
+
+// adamw_update_scalar's contract on 16 lanes: W is float, bf16, f16, or void (no write-back).
+template <class W>
+ZSHARD_AVX512 void adamw_update(const adamw_step& s, float* master, float* m, float* v, const float* grad,
+                                std::size_t n, W* out) noexcept {
+  const lanes k = broadcast(simd::adamw_constants(s));
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 p = update(k, master + i, m + i, v + i, grad + i);
+    if constexpr (!std::is_void_v<W>) store(out + i, p);
+  }
+  if (i < n) simd::adamw_tail(s, master + i, m + i, v + i, grad + i, n - i, simd::advance(out, i));
+}
+
+// The same with a bf16 working copy through VCVTNEPS2BF16 (avx512_bf16 CPUs only).
+ZSHARD_AVX512_BF16 inline void adamw_update_bf16_native(const adamw_step& s, float* master, float* m, float* v,
+                                                        const float* grad, std::size_t n, bf16* out) noexcept {
+  const lanes k = broadcast(simd::adamw_constants(s));
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 p = update(k, master + i, m + i, v + i, grad + i);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_bits_native(p));
+  }
+  if (i < n) simd::adamw_tail(s, master + i, m + i, v + i, grad + i, n - i, out + i);
+}
+
+// f32 -> W over n elements, rounding as the fused kernels do (the unfused cast pass).
+template <class W>
+ZSHARD_AVX512 void convert(const float* src, W* dst, std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) store(dst + i, _mm512_loadu_ps(src + i));
+  simd::convert_tail(src + i, dst + i, n - i);
+}
+
+ZSHARD_AVX512_BF16 inline void convert_bf16_native(const float* src, bf16* dst, std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), to_bf16_bits_native(_mm512_loadu_ps(src + i)));
+  simd::convert_tail(src + i, dst + i, n - i);
+}
+
+}  // namespace zshard::optim::avx512
+
+#undef ZSHARD_AVX512_BF16
+#undef ZSHARD_AVX512_INLINE
+#undef ZSHARD_AVX512
+#undef ZSHARD_AVX512_ISA
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
