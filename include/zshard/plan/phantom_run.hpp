@@ -1,0 +1,72 @@
+#pragma once
+// Runs a step schedule on the real engine over the phantom backend and a null communicator:
+// one engine simulates rank 0 of a virtual world (every rank is the same under the even
+// partitioner), every allocation is accounted and none is made, so a 70B-parameter step
+// takes milliseconds. The result is what a real run's ledgers would read, step by step: the
+// run-side counterpart of plan_memory() for the same inputs.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "zshard/backend/phantom_backend.hpp"
+#include "zshard/comm/null_comm.hpp"
+#include "zshard/engine/engine.hpp"
+#include "zshard/plan/step_schedule.hpp"
+
+namespace zshard::plan {
+
+struct phantom_result {
+  memory_ledger after_construction;  // the device ledger once the engine is built
+  std::vector<memory_ledger> steps;  // the device ledger after each step; peaks of that step only
+  std::vector<step_report> reports;
+  // The offloader's state ledger when it is not the device's (host_adam): its whole-run peaks.
+  std::optional<memory_ledger> host;
+  std::uint64_t bytes_sent_per_step = 0;  // by rank 0's collectives, ring schedule (null_comm)
+
+  // The device ledger's peak over all steps.
+  std::size_t peak() const noexcept {
+    std::size_t p = after_construction.total_peak();
+    for (const auto& s : steps) p = std::max(p, s.total_peak());
+    return p;
+  }
+  // The step whose window holds the run's peak (its per-category figures are the run's).
+  const memory_ledger& peak_step() const noexcept {
+    const memory_ledger* best = &after_construction;
+    for (const auto& s : steps)
+      if (s.total_peak() >= best->total_peak()) best = &s;
+    return *best;
+  }
+  // Steps (after the first) whose peak exceeds the previous step's: memory growing over time.
+  int steps_with_growth() const noexcept {
+    int n = 0;
+    for (std::size_t i = 1; i < steps.size(); ++i) n += steps[i].total_peak() > steps[i - 1].total_peak();
+    return n;
+  }
+};
+
+// `steps` optimizer steps of `schedule` on rank 0 of `world` virtual ranks. A device budget
+// turns an overshoot into the engine's error_kind::budget error, thrown from here.
+template <class Policies = default_policies>
+phantom_result run_phantom(const model_spec& spec, const engine_config& cfg, int world, const step_schedule& schedule,
+                           int steps, std::optional<std::size_t> device_budget = std::nullopt) {
+  require(steps >= 1, error_kind::config, "run_phantom needs at least one step");
+  schedule.validate(spec);
+  phantom_backend backend(device_budget, "phantom rank 0");
+  null_comm comm(0, world);
+  engine<phantom_backend, null_comm, Policies> eng(backend, comm, spec, cfg);
+  phantom_result r;
+  r.after_construction = backend.ledger();
+  for (int s = 0; s < steps; ++s) {
+    backend.ledger().reset_peaks();
+    const std::uint64_t sent = comm.total_bytes_sent();
+    r.reports.push_back(run_step(eng, schedule));
+    r.bytes_sent_per_step = comm.total_bytes_sent() - sent;
+    r.steps.push_back(backend.ledger());
+  }
+  if (&eng.offloader().state_ledger() != &backend.ledger()) r.host = eng.offloader().state_ledger();
+  return r;
+}
+
+}  // namespace zshard::plan
