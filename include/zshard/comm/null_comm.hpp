@@ -27,9 +27,9 @@ class null_comm {
   static constexpr std::size_t op_kinds = 5;
 
   null_comm(int rank, int world_size) : rank_(rank), size_(world_size) {
-    require(world_size >= 1, error_kind::usage,
+    ZSHARD_REQUIRE(world_size >= 1, error_kind::usage,
             "null_comm world size must be at least 1, got " + std::to_string(world_size));
-    require(rank >= 0 && rank < world_size, error_kind::usage,
+    ZSHARD_REQUIRE(rank >= 0 && rank < world_size, error_kind::usage,
             "rank " + std::to_string(rank) + " is outside a null_comm world of size " + std::to_string(world_size));
   }
 
@@ -44,7 +44,7 @@ class null_comm {
   }
 
   void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
-    require(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
+    ZSHARD_REQUIRE(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
             "use all_reduce with reduce_op::max");
     const std::size_t block = count * size_of(t);
     if (overlaps(src, block * world(), dst, block) && dst != static_cast<const std::byte*>(src) + block * me())
@@ -61,7 +61,7 @@ class null_comm {
   }
 
   void broadcast(void*, std::size_t count, dtype t, int root) {
-    require(root >= 0 && root < size_, error_kind::usage,
+    ZSHARD_REQUIRE(root >= 0 && root < size_, error_kind::usage,
             "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size_));
     note(op_kind::broadcast, rank_ == root ? count * size_of(t) : 0);
   }

@@ -160,8 +160,8 @@ class thread_world {
  public:
   explicit thread_world(int size, std::chrono::milliseconds timeout = default_comm_timeout)
       : size_(size), timeout_(timeout), ranks_(static_cast<std::size_t>(size > 0 ? size : 0)) {
-    require(size > 0, error_kind::usage, "thread_world size must be at least 1, got " + std::to_string(size));
-    require(timeout.count() > 0, error_kind::usage, "thread_world timeout must be positive");
+    ZSHARD_REQUIRE(size > 0, error_kind::usage, "thread_world size must be at least 1, got " + std::to_string(size));
+    ZSHARD_REQUIRE(timeout.count() > 0, error_kind::usage, "thread_world timeout must be positive");
   }
   thread_world(const thread_world&) = delete;
   thread_world& operator=(const thread_world&) = delete;
@@ -310,7 +310,7 @@ class thread_comm {
   using zshard_tag = communicator_tag;
 
   thread_comm(thread_world& world, int rank) : world_(&world), rank_(rank) {
-    require(rank >= 0 && rank < world.size(), error_kind::usage,
+    ZSHARD_REQUIRE(rank >= 0 && rank < world.size(), error_kind::usage,
             "rank " + std::to_string(rank) + " is outside a thread_world of size " + std::to_string(world.size()));
   }
 
@@ -336,7 +336,7 @@ class thread_comm {
 
   // op: sum or average (max is not part of the reduce_scatter contract, see communicator.hpp).
   void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
-    require(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
+    ZSHARD_REQUIRE(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
             "use all_reduce with reduce_op::max");
     const std::size_t block = count * size_of(t);
     check_pointers("reduce_scatter", src, dst, count);
@@ -375,7 +375,7 @@ class thread_comm {
   }
 
   void broadcast(void* dst, std::size_t count, dtype t, int root) {
-    require(root >= 0 && root < size(), error_kind::usage,
+    ZSHARD_REQUIRE(root >= 0 && root < size(), error_kind::usage,
             "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size()));
     check_pointers("broadcast", dst, dst, count);
     enter({detail::collective::broadcast, 0, nullptr, dst, count, t, reduce_op::sum, root});

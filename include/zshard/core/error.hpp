@@ -60,7 +60,14 @@ class error : public std::runtime_error {
 };
 
 // Throws a zshard::error of the given kind when `condition` is false. Used for checks that
-// guard user input, so they stay on in release builds.
+// guard user input, so they stay on in release builds. A macro so that the message and hint
+// are only built when the check fails: these checks sit on per-scope hot paths.
+#define ZSHARD_REQUIRE(condition, ...)                                  \
+  do {                                                                  \
+    if (!(condition)) [[unlikely]] throw ::zshard::error(__VA_ARGS__); \
+  } while (0)
+
+// The function form, for callers outside hot paths that prefer it.
 inline void require(bool condition, error_kind kind, const std::string& message, const std::string& hint = {}) {
   if (!condition) throw error(kind, message, hint);
 }

@@ -24,7 +24,7 @@ class tensor_view {
   // Typed access; the element type must match the view's dtype.
   template <class E>
   std::span<E> as() const {
-    require(dtype_of<std::remove_const_t<E>> == type_, error_kind::usage,
+    ZSHARD_REQUIRE(dtype_of<std::remove_const_t<E>> == type_, error_kind::usage,
             "view holds " + std::string(to_string(type_)) + ", requested " +
                 std::string(to_string(dtype_of<std::remove_const_t<E>>)));
     return {static_cast<E*>(data_), numel()};

@@ -32,7 +32,7 @@ class worker_pool {
  public:
   // `threads` counts the caller: 1 means no helper threads; 0 means one per hardware thread.
   explicit worker_pool(int threads = 0) {
-    require(threads >= 0, error_kind::config, "worker_pool: thread count " + std::to_string(threads) + " is negative",
+    ZSHARD_REQUIRE(threads >= 0, error_kind::config, "worker_pool: thread count " + std::to_string(threads) + " is negative",
             "use 0 for one thread per hardware thread, or a positive count");
     if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     size_ = threads;

@@ -80,7 +80,7 @@ class engine {
   // ---- the scopes ----------------------------------------------------------------------------
   // A forward use of m; `counted` unless grad mode is off for this pass (use_kind::no_grad).
   scope forward(module_id m, use_kind kind = use_kind::counted) {
-    require(kind != use_kind::recompute, error_kind::usage, "use recompute(m) for a checkpointed re-run");
+    ZSHARD_REQUIRE(kind != use_kind::recompute, error_kind::usage, "use recompute(m) for a checkpointed re-run");
     enter_scope(m, kind, false);
     return scope(this, m, false);
   }
@@ -97,7 +97,7 @@ class engine {
 
   void begin_backward() {
     rethrow_if_broken();
-    require(open_scopes_ == 0, error_kind::usage,
+    ZSHARD_REQUIRE(open_scopes_ == 0, error_kind::usage,
             "begin_backward() with " + std::to_string(open_scopes_) + " module scope(s) still open");
     tracker_.on_begin_backward();
   }
@@ -106,7 +106,7 @@ class engine {
   // Reducer and releases every non-persistent gathered parameter.
   void end_backward() {
     rethrow_if_broken();
-    require(open_scopes_ == 0, error_kind::usage,
+    ZSHARD_REQUIRE(open_scopes_ == 0, error_kind::usage,
             "end_backward() with " + std::to_string(open_scopes_) + " module scope(s) still open");
     completed_.clear();
     tracker_.on_end_backward(completed_, swept_);
@@ -123,9 +123,9 @@ class engine {
   // overflow check, clipping, AdamW, new working shards. Every rank decides identically.
   step_report step() {
     rethrow_if_broken();
-    require(open_scopes_ == 0, error_kind::usage, "step() with module scopes still open");
+    ZSHARD_REQUIRE(open_scopes_ == 0, error_kind::usage, "step() with module scopes still open");
     tracker_.on_step();
-    require(micro_batches_ > 0, error_kind::usage, "step() without a backward since the last step",
+    ZSHARD_REQUIRE(micro_batches_ > 0, error_kind::usage, "step() without a backward since the last step",
             "run at least one forward/begin_backward/backward/end_backward before step()");
     step_report r;
     r.micro_batches = micro_batches_;
@@ -169,7 +169,7 @@ class engine {
   float loss_scale() const noexcept { return scaler_.scale(); }
   float lr() const noexcept { return lr_; }
   void set_lr(float lr) {
-    require(std::isfinite(lr) && lr > 0, error_kind::config, "learning rate must be positive and finite");
+    ZSHARD_REQUIRE(std::isfinite(lr) && lr > 0, error_kind::config, "learning rate must be positive and finite");
     lr_ = lr;
   }
   std::int64_t steps_taken() const noexcept { return step_; }
@@ -247,7 +247,7 @@ class engine {
       backend_.copy(all.data(), gathered.data(), world * sizeof fp, stream_);
       backend_.synchronize(stream_);
       for (std::size_t r = 0; r < world; ++r)
-        require(all[r] == fp, error_kind::config,
+        ZSHARD_REQUIRE(all[r] == fp, error_kind::config,
                 "rank " + std::to_string(comm_.rank()) + " and rank " + std::to_string(r) +
                     " registered different models or partition settings",
                 "build the same model_spec and engine_config on every rank");
@@ -257,7 +257,7 @@ class engine {
   void check_module_sizes() const {
     for (module_id m = 0; m < spec_.modules().size(); ++m) {
       const std::size_t n = module_gathered_numel(m);
-      require(n <= cfg_.prefetch.max_live_numel || cfg_.prefetch.allow_oversized_module, error_kind::config,
+      ZSHARD_REQUIRE(n <= cfg_.prefetch.max_live_numel || cfg_.prefetch.allow_oversized_module, error_kind::config,
               "module '" + spec_.module(m).name + "' needs " + std::to_string(n) +
                   " gathered elements, more than max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
               "raise max_live_numel, split the module, or set allow_oversized_module");
@@ -294,7 +294,7 @@ class engine {
   // ---- scopes --------------------------------------------------------------------------------
   void enter_scope(module_id m, use_kind kind, bool is_backward) {
     rethrow_if_broken();
-    require(m < spec_.modules().size(), error_kind::usage, "module id " + std::to_string(m) + " does not exist");
+    ZSHARD_REQUIRE(m < spec_.modules().size(), error_kind::usage, "module id " + std::to_string(m) + " does not exist");
     if (is_backward) tracker_.on_backward(m);
     else tracker_.on_forward(m, kind);
     ahead_.clear();
@@ -324,8 +324,8 @@ class engine {
       tracker_.on_backward_done(m, completed_);
       for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
     }
+    set_held(m, tracker_.keeps_gathered(m));  // before unpinning, so a held module is not released
     for (param_id p : spec_.module(m).params) unpin(p);
-    set_held(m, tracker_.keeps_gathered(m));
   }
 
   void exit_scope_nothrow(module_id m, bool is_backward) noexcept {
@@ -338,7 +338,7 @@ class engine {
 
   const_view param_view(module_id m, std::size_t k) const {
     const auto& params = spec_.module(m).params;
-    require(k < params.size(), error_kind::usage,
+    ZSHARD_REQUIRE(k < params.size(), error_kind::usage,
             "module '" + spec_.module(m).name + "' has " + std::to_string(params.size()) + " parameters, asked for #" +
                 std::to_string(k));
     const auto& s = store_[params[k]];
@@ -347,9 +347,9 @@ class engine {
 
   mutable_view grad_view(module_id m, std::size_t k) const {
     const auto& params = spec_.module(m).params;
-    require(k < params.size(), error_kind::usage, "parameter index out of range in module '" + spec_.module(m).name + "'");
+    ZSHARD_REQUIRE(k < params.size(), error_kind::usage, "parameter index out of range in module '" + spec_.module(m).name + "'");
     const auto& s = store_[params[k]];
-    require(s.spec->trainable, error_kind::usage, "parameter '" + s.spec->name + "' is frozen and has no gradient");
+    ZSHARD_REQUIRE(s.spec->trainable, error_kind::usage, "parameter '" + s.spec->name + "' is frozen and has no gradient");
     return {s.full_grad.data(), dtype::f32, s.spec->shape};
   }
 
@@ -425,7 +425,7 @@ class engine {
     const std::size_t resident = store_.resident_numel();
     if (resident <= cfg_.prefetch.max_live_numel) return;
     const bool alone = cfg_.prefetch.allow_oversized_module && resident == module_gathered_numel(m);
-    require(alone, error_kind::budget,
+    ZSHARD_REQUIRE(alone, error_kind::budget,
             "gathering module '" + spec_.module(m).name + "' makes " + std::to_string(resident) +
                 " elements resident, above max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
             "close enclosing scopes sooner, or raise max_live_numel");

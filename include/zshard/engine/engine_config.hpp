@@ -10,6 +10,7 @@
 #include "zshard/core/dtype.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/optim/adamw.hpp"
+#include "zshard/offload/offload_config.hpp"
 #include "zshard/optim/loss_scaler.hpp"
 
 namespace zshard {
@@ -43,6 +44,7 @@ struct engine_config {
   optim::adamw_config adamw{};
   double clip_norm = 0.0;  // global-norm gradient clipping; 0 turns it off
   optim::loss_scale_config loss_scale{};
+  offload_config offload{};  // host Offloader: threads, SIMD path, tiles, host memory budget
   // Where the engine and its policies say things worth a human's attention (a prefetch trace
   // divergence, swept uses). Empty: standard error, prefixed "zshard: ".
   std::function<void(const std::string&)> log{};
@@ -53,12 +55,13 @@ struct engine_config {
   }
 
   void validate() const {
-    require(partition.shard_alignment_numel > 0, error_kind::config, "shard_alignment_numel must be at least 1");
-    require(prefetch.max_live_numel > 0, error_kind::config, "max_live_numel must be positive");
-    require(reduce.reduce_bucket_numel > 0, error_kind::config, "reduce_bucket_numel must be positive");
-    require(clip_norm >= 0.0, error_kind::config, "clip_norm must be >= 0 (0 turns clipping off)");
+    ZSHARD_REQUIRE(partition.shard_alignment_numel > 0, error_kind::config, "shard_alignment_numel must be at least 1");
+    ZSHARD_REQUIRE(prefetch.max_live_numel > 0, error_kind::config, "max_live_numel must be positive");
+    ZSHARD_REQUIRE(reduce.reduce_bucket_numel > 0, error_kind::config, "reduce_bucket_numel must be positive");
+    ZSHARD_REQUIRE(clip_norm >= 0.0, error_kind::config, "clip_norm must be >= 0 (0 turns clipping off)");
     adamw.validate();
     loss_scale.validate();
+    offload.validate();
   }
 };
 

@@ -44,7 +44,7 @@ class module_scope {
 
   // The k-th parameter's f32 gradient buffer; backward scopes and trainable parameters only.
   mutable_view grad(std::size_t k) const {
-    require(backward_, error_kind::usage, "grad() is only available in a backward scope");
+    ZSHARD_REQUIRE(backward_, error_kind::usage, "grad() is only available in a backward scope");
     return live().grad_view(module_, k);
   }
   float* grad_data(std::size_t k) const { return grad(k).template as<float>().data(); }
@@ -54,7 +54,7 @@ class module_scope {
   module_scope(Engine* e, module_id m, bool backward) noexcept : engine_(e), module_(m), backward_(backward) {}
 
   Engine& live() const {
-    require(engine_ != nullptr, error_kind::usage, "this scope was closed or moved from");
+    ZSHARD_REQUIRE(engine_ != nullptr, error_kind::usage, "this scope was closed or moved from");
     return *engine_;
   }
 

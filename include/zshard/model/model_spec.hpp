@@ -48,10 +48,10 @@ struct module_spec {
 class model_spec {
  public:
   param_id add_param(const std::string& name, zshard::shape s, param_options opt = {}) {
-    require(!name.empty(), error_kind::config, "a parameter needs a name");
-    require(s.numel() > 0, error_kind::config, "parameter '" + name + "' has no elements",
+    ZSHARD_REQUIRE(!name.empty(), error_kind::config, "a parameter needs a name");
+    ZSHARD_REQUIRE(s.numel() > 0, error_kind::config, "parameter '" + name + "' has no elements",
             "give every parameter a non-empty shape");
-    require(!param_index_.contains(name), error_kind::config, "parameter '" + name + "' is registered twice",
+    ZSHARD_REQUIRE(!param_index_.contains(name), error_kind::config, "parameter '" + name + "' is registered twice",
             "register each parameter once and list its id in every module that uses it (shared weights)");
     if (!opt.init) opt.init = init::normal(0.0f, 0.02f, hash_name(name));
     const auto id = static_cast<param_id>(params_.size());
@@ -61,13 +61,13 @@ class model_spec {
   }
 
   module_id add_module(const std::string& name, std::vector<param_id> params) {
-    require(!name.empty(), error_kind::config, "a module needs a name");
-    require(!module_index_.contains(name), error_kind::config, "module '" + name + "' is registered twice");
+    ZSHARD_REQUIRE(!name.empty(), error_kind::config, "a module needs a name");
+    ZSHARD_REQUIRE(!module_index_.contains(name), error_kind::config, "module '" + name + "' is registered twice");
     for (std::size_t i = 0; i < params.size(); ++i) {
-      require(params[i] < params_.size(), error_kind::config,
+      ZSHARD_REQUIRE(params[i] < params_.size(), error_kind::config,
               "module '" + name + "' names parameter id " + std::to_string(params[i]) + " which does not exist");
       for (std::size_t j = 0; j < i; ++j)
-        require(params[i] != params[j], error_kind::config,
+        ZSHARD_REQUIRE(params[i] != params[j], error_kind::config,
                 "module '" + name + "' lists parameter '" + params_[params[i]].name + "' twice");
     }
     const auto id = static_cast<module_id>(modules_.size());
@@ -83,12 +83,12 @@ class model_spec {
 
   param_id param_by_name(const std::string& name) const {
     auto it = param_index_.find(name);
-    require(it != param_index_.end(), error_kind::config, "no parameter named '" + name + "'");
+    ZSHARD_REQUIRE(it != param_index_.end(), error_kind::config, "no parameter named '" + name + "'");
     return it->second;
   }
   module_id module_by_name(const std::string& name) const {
     auto it = module_index_.find(name);
-    require(it != module_index_.end(), error_kind::config, "no module named '" + name + "'");
+    ZSHARD_REQUIRE(it != module_index_.end(), error_kind::config, "no module named '" + name + "'");
     return it->second;
   }
 
@@ -101,12 +101,12 @@ class model_spec {
   // Every parameter must be used by some module (otherwise it is never gathered and never
   // gets a gradient: almost certainly a registration mistake).
   void validate() const {
-    require(!modules_.empty(), error_kind::config, "the model has no modules");
+    ZSHARD_REQUIRE(!modules_.empty(), error_kind::config, "the model has no modules");
     std::vector<bool> used(params_.size(), false);
     for (const auto& m : modules_)
       for (param_id p : m.params) used[p] = true;
     for (std::size_t p = 0; p < params_.size(); ++p)
-      require(used[p], error_kind::config, "parameter '" + params_[p].name + "' is used by no module",
+      ZSHARD_REQUIRE(used[p], error_kind::config, "parameter '" + params_[p].name + "' is used by no module",
               "list it in the module(s) that use it, or do not register it");
   }
 

@@ -104,7 +104,7 @@ class host_adam_impl {
 
   void accumulate_grad(param_id p, const float* g, std::size_t n) {
     auto& ps = trainable_state(p);
-    if (n != ps.numel)  // a branch, not require(): the message is built only on failure (no per-step allocation)
+    if (n != ps.numel)  // a branch, not ZSHARD_REQUIRE(): the message is built only on failure (no per-step allocation)
       throw error(error_kind::invariant, "host_adam: gradient of parameter '" + store_[p].spec->name + "' has " +
                                              std::to_string(n) + " elements, its shard " + std::to_string(ps.numel));
     const bool first = !ps.has_grad;

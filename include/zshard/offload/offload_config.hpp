@@ -31,12 +31,12 @@ struct offload_config {
   std::optional<std::size_t> host_budget_bytes;
 
   void validate() const {
-    require(host_threads >= 0, error_kind::config,
+    ZSHARD_REQUIRE(host_threads >= 0, error_kind::config,
             "offload_config.host_threads = " + std::to_string(host_threads) + " is negative",
             "use 0 for one thread per hardware thread, or a positive count");
-    require(host_tile_numel > 0, error_kind::config, "offload_config.host_tile_numel must be positive",
+    ZSHARD_REQUIRE(host_tile_numel > 0, error_kind::config, "offload_config.host_tile_numel must be positive",
             "use a tile of a few ten thousand elements, e.g. 65536");
-    require(host_staging_numel >= host_tile_numel, error_kind::config,
+    ZSHARD_REQUIRE(host_staging_numel >= host_tile_numel, error_kind::config,
             "offload_config.host_staging_numel = " + std::to_string(host_staging_numel) +
                 " is smaller than host_tile_numel = " + std::to_string(host_tile_numel),
             "a staging half must hold at least one tile; use a few million elements");

@@ -31,19 +31,19 @@ struct adamw_config {
   float weight_decay = 0.01f;
 
   void validate() const {
-    require(std::isfinite(lr) && lr > 0.0f, error_kind::config,
+    ZSHARD_REQUIRE(std::isfinite(lr) && lr > 0.0f, error_kind::config,
             "adamw_config.lr = " + std::to_string(lr) + " must be finite and > 0",
             "set lr to a positive learning rate such as 1e-4");
-    require(beta1 >= 0.0f && beta1 < 1.0f, error_kind::config,
+    ZSHARD_REQUIRE(beta1 >= 0.0f && beta1 < 1.0f, error_kind::config,
             "adamw_config.beta1 = " + std::to_string(beta1) + " must lie in [0, 1)",
             "use a momentum decay such as 0.9");
-    require(beta2 >= 0.0f && beta2 < 1.0f, error_kind::config,
+    ZSHARD_REQUIRE(beta2 >= 0.0f && beta2 < 1.0f, error_kind::config,
             "adamw_config.beta2 = " + std::to_string(beta2) + " must lie in [0, 1)",
             "use a second-moment decay such as 0.999 or 0.95");
-    require(std::isfinite(eps) && eps > 0.0f, error_kind::config,
+    ZSHARD_REQUIRE(std::isfinite(eps) && eps > 0.0f, error_kind::config,
             "adamw_config.eps = " + std::to_string(eps) + " must be finite and > 0",
             "use a small positive value such as 1e-8; zero divides by zero for unused parameters");
-    require(std::isfinite(weight_decay) && weight_decay >= 0.0f, error_kind::config,
+    ZSHARD_REQUIRE(std::isfinite(weight_decay) && weight_decay >= 0.0f, error_kind::config,
             "adamw_config.weight_decay = " + std::to_string(weight_decay) + " must be finite and >= 0",
             "use 0 to turn decay off, or a value such as 0.01 or 0.1");
   }
@@ -65,9 +65,9 @@ struct adamw_step {
 // and norm gains, which conventionally get no weight decay.
 inline adamw_step make_adamw_step(const adamw_config& cfg, std::int64_t step, float grad_scale, bool decay) {
   cfg.validate();
-  require(step >= 1, error_kind::usage, "AdamW step " + std::to_string(step) + " is not 1-based",
+  ZSHARD_REQUIRE(step >= 1, error_kind::usage, "AdamW step " + std::to_string(step) + " is not 1-based",
           "count optimizer steps from 1; step 0 would divide by a zero bias correction");
-  require(std::isfinite(grad_scale) && grad_scale >= 0.0f, error_kind::usage,
+  ZSHARD_REQUIRE(std::isfinite(grad_scale) && grad_scale >= 0.0f, error_kind::usage,
           "AdamW grad_scale = " + std::to_string(grad_scale) + " must be finite and >= 0",
           "skip the step when gradients overflowed instead of passing a non-finite scale");
   // Bias corrections in double: 1 - beta^t loses digits in float when beta^t is close to 1.

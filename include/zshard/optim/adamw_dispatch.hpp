@@ -129,7 +129,7 @@ class host_adamw {
 
  private:
   static std::size_t checked_tile(std::size_t n) {
-    require(n > 0, error_kind::config, "host AdamW tile size must be positive",
+    ZSHARD_REQUIRE(n > 0, error_kind::config, "host AdamW tile size must be positive",
             "use a tile of a few ten thousand elements, e.g. 65536");
     return round_up_to_granule(n);
   }

@@ -109,7 +109,7 @@ inline simd_path best_path(const cpu_features& f = host_cpu()) noexcept {
 // would be an illegal instruction).
 inline simd_path resolve(simd_path requested) {
   if (requested == simd_path::automatic) return best_path();
-  require(path_supported(requested), error_kind::config,
+  ZSHARD_REQUIRE(path_supported(requested), error_kind::config,
           "the host AdamW path " + std::string(to_string(requested)) + " is not supported by this CPU",
           "use simd_path::automatic, or force a path that path_supported() accepts");
   return requested;

@@ -26,20 +26,20 @@ struct loss_scale_config {
   float min_scale = 1.f;       // the scale never backs off below this
 
   void validate() const {
-    require(std::isfinite(min_scale) && min_scale > 0.0f, error_kind::config,
+    ZSHARD_REQUIRE(std::isfinite(min_scale) && min_scale > 0.0f, error_kind::config,
             "loss_scale_config.min_scale = " + std::to_string(min_scale) + " must be finite and > 0",
             "use 1, or a smaller positive value to let the scale shrink further");
-    require(std::isfinite(initial_scale) && initial_scale >= min_scale, error_kind::config,
+    ZSHARD_REQUIRE(std::isfinite(initial_scale) && initial_scale >= min_scale, error_kind::config,
             "loss_scale_config.initial_scale = " + std::to_string(initial_scale) +
                 " must be finite and >= min_scale = " + std::to_string(min_scale),
             "use a power of two such as 65536 (2^16)");
-    require(std::isfinite(growth_factor) && growth_factor > 1.0f, error_kind::config,
+    ZSHARD_REQUIRE(std::isfinite(growth_factor) && growth_factor > 1.0f, error_kind::config,
             "loss_scale_config.growth_factor = " + std::to_string(growth_factor) + " must be finite and > 1",
             "use 2; a power of two keeps scaling exact");
-    require(backoff_factor > 0.0f && backoff_factor < 1.0f, error_kind::config,
+    ZSHARD_REQUIRE(backoff_factor > 0.0f && backoff_factor < 1.0f, error_kind::config,
             "loss_scale_config.backoff_factor = " + std::to_string(backoff_factor) + " must lie in (0, 1)",
             "use 0.5; a power of two keeps scaling exact");
-    require(growth_interval >= 1, error_kind::config,
+    ZSHARD_REQUIRE(growth_interval >= 1, error_kind::config,
             "loss_scale_config.growth_interval = " + std::to_string(growth_interval) + " must be >= 1",
             "use a number of steps such as 2000");
   }
@@ -100,10 +100,10 @@ class loss_scaler {
   loss_scaler_state state() const noexcept { return {scale_, skipped_, overflows_at_min_, good_in_row_}; }
 
   void restore(const loss_scaler_state& s) {
-    require(std::isfinite(s.scale) && s.scale > 0.0f, error_kind::config,
+    ZSHARD_REQUIRE(std::isfinite(s.scale) && s.scale > 0.0f, error_kind::config,
             "loss scaler state has scale " + std::to_string(s.scale) + ", which is not finite and > 0",
             "the checkpoint is corrupt or from another format; restart loss scaling from the config");
-    require(s.skipped_steps >= 0 && s.overflows_at_min_scale >= 0 && s.good_steps_in_row >= 0,
+    ZSHARD_REQUIRE(s.skipped_steps >= 0 && s.overflows_at_min_scale >= 0 && s.good_steps_in_row >= 0,
             error_kind::config, "loss scaler state has a negative counter",
             "the checkpoint is corrupt or from another format; restart loss scaling from the config");
     scale_ = cfg_.enabled ? s.scale : 1.0f;

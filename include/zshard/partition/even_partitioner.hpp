@@ -9,7 +9,7 @@ struct even {
   using zshard_tag = partitioner_tag;
 
   shard_layout layout(std::size_t numel, int world, const partition_config& cfg) const {
-    require(world >= 1, error_kind::config, "world size must be at least 1");
+    ZSHARD_REQUIRE(world >= 1, error_kind::config, "world size must be at least 1");
     shard_layout l;
     l.numel = numel;
     if (numel <= cfg.persistence_threshold_numel) {

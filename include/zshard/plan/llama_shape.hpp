@@ -53,10 +53,10 @@ struct transformer_shape {
 
   void validate() const {
     const std::string who = "transformer shape '" + name + "': ";
-    require(layers >= 1 && hidden >= 1 && intermediate >= 1 && vocab >= 1, error_kind::config,
+    ZSHARD_REQUIRE(layers >= 1 && hidden >= 1 && intermediate >= 1 && vocab >= 1, error_kind::config,
             who + "layers, hidden, intermediate and vocab must be positive");
-    require(heads >= 1 && hidden % heads == 0, error_kind::config, who + "hidden must be a multiple of heads");
-    require(kv_heads >= 1 && heads % kv_heads == 0, error_kind::config, who + "heads must be a multiple of kv_heads");
+    ZSHARD_REQUIRE(heads >= 1 && hidden % heads == 0, error_kind::config, who + "hidden must be a multiple of heads");
+    ZSHARD_REQUIRE(kv_heads >= 1 && heads % kv_heads == 0, error_kind::config, who + "heads must be a multiple of kv_heads");
   }
 };
 
@@ -127,7 +127,7 @@ inline std::size_t layer_activation_bytes(const transformer_shape& shape, const 
 
 // The schedule of a step with the activation model above.
 inline step_schedule transformer_schedule(const transformer_model& m, const activation_options& o) {
-  require(o.micro_batch >= 1 && o.seq_len >= 1, error_kind::config, "micro-batch and sequence length must be positive");
+  ZSHARD_REQUIRE(o.micro_batch >= 1 && o.seq_len >= 1, error_kind::config, "micro-batch and sequence length must be positive");
   const std::size_t tokens = std::size_t(o.seq_len) * std::size_t(o.micro_batch);
   const std::size_t hidden_act = tokens * std::size_t(m.shape.hidden) * size_of(o.activation_type);
   const std::size_t layer = layer_activation_bytes(m.shape, o);

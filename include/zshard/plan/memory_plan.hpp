@@ -104,7 +104,7 @@ class plan_walk {
     for (module_id m = 0; m < spec.modules().size(); ++m) {
       for (param_id p : spec.module(m).params)
         if (!layouts_[p].replicated) module_numel_[m] += layouts_[p].padded_numel;
-      require(module_numel_[m] <= cfg.prefetch.max_live_numel || cfg.prefetch.allow_oversized_module,
+      ZSHARD_REQUIRE(module_numel_[m] <= cfg.prefetch.max_live_numel || cfg.prefetch.allow_oversized_module,
               error_kind::config,
               "module '" + spec.module(m).name + "' needs " + std::to_string(module_numel_[m]) +
                   " gathered elements, more than max_live_numel = " + std::to_string(cfg.prefetch.max_live_numel),
@@ -397,7 +397,7 @@ class plan_walk {
 template <class Partitioner = partition::even>
 memory_plan plan_memory(const model_spec& spec, const engine_config& cfg, int world, const step_schedule& schedule,
                         const plan_options& opt = {}) {
-  require(world >= 1, error_kind::config, "world size must be at least 1, got " + std::to_string(world));
+  ZSHARD_REQUIRE(world >= 1, error_kind::config, "world size must be at least 1, got " + std::to_string(world));
   spec.validate();
   cfg.validate();
   schedule.validate(spec);

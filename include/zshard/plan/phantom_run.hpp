@@ -51,7 +51,7 @@ struct phantom_result {
 template <class Policies = default_policies>
 phantom_result run_phantom(const model_spec& spec, const engine_config& cfg, int world, const step_schedule& schedule,
                            int steps, std::optional<std::size_t> device_budget = std::nullopt) {
-  require(steps >= 1, error_kind::config, "run_phantom needs at least one step");
+  ZSHARD_REQUIRE(steps >= 1, error_kind::config, "run_phantom needs at least one step");
   schedule.validate(spec);
   phantom_backend backend(device_budget, "phantom rank 0");
   null_comm comm(0, world);
