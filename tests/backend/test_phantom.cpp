@@ -14,23 +14,11 @@
 #include "zshard/engine/engine.hpp"
 #include "zshard/plan/llama_shape.hpp"
 #include "zshard/plan/step_schedule.hpp"
+#include "../support/error_capture.hpp"
 
 using namespace zshard;
 
-namespace {
-
-template <class F>
-error_kind kind_of(F&& f) {
-  try {
-    f();
-  } catch (const error& e) {
-    return e.kind();
-  }
-  FAIL("expected a zshard::error");
-  return error_kind::invariant;
-}
-
-}  // namespace
+using test_support::kind_of;
 
 TEST_CASE("phantom backend: allocations are charged, hold nothing, and are returned by size") {
   phantom_backend b;

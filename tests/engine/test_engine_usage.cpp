@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "../support/error_capture.hpp"
 #include "toy_training.hpp"
 
 using namespace zshard;
@@ -11,25 +12,8 @@ namespace {
 
 using host_engine = engine<host_backend, thread_comm>;
 
-template <class F>
-error_kind kind_of(F&& f) {
-  try {
-    f();
-  } catch (const error& e) {
-    return e.kind();
-  }
-  FAIL("expected a zshard::error");
-  return error_kind::invariant;
-}
-
-std::string message_of(auto&& f) {
-  try {
-    f();
-  } catch (const error& e) {
-    return e.what();
-  }
-  return {};
-}
+using test_support::kind_of;
+using test_support::message_of;
 
 }  // namespace
 
