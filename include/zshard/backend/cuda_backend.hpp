@@ -1,0 +1,397 @@
+#pragma once
+// The CUDA backend: one GPU of one rank. Device memory comes from a stream-ordered pool
+// (cudaMallocFromPoolAsync) that keeps freed memory reserved, so a steady-state step never
+// calls cudaMalloc or cudaFree; every byte is charged to the ledger first, exactly as on the
+// host backend. Work is ordered by four streams, one per role (compute, gather, reduce, host
+// copies), and events between them; nothing blocks the host except synchronize() and
+// grad_stats_of(), whose result the host needs.
+//
+// Streams: make_stream() hands out the *compute* stream, so an engine that uses one stream
+// for everything (as the engine does today) gets one in-order queue and is correct without
+// any event. role_stream(role) gives the others for overlap: work put there must be ordered
+// against the compute stream with record()/wait(), and memory must be freed on a stream
+// ordered after its last use (deallocate(..., stream)). Pointers handed out are device
+// pointers: read them on the host through copy() and synchronize(), never directly.
+//
+// Launches kernels, so it is for CUDA translation units (.cu, compiled by nvcc). Link
+// CUDA::cudart. The communicator that goes with it is comm/nccl_comm.hpp.
+#if !defined(__CUDACC__)
+#error "zshard/backend/cuda_backend.hpp launches kernels: include it from a .cu file compiled by nvcc"
+#endif
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "zshard/backend/backend.hpp"
+#include "zshard/backend/cuda_check.hpp"
+#include "zshard/backend/cuda_kernels.cuh"
+#include "zshard/backend/cuda_pinned.hpp"
+
+namespace zshard {
+
+enum class stream_role : std::uint8_t { compute, gather, reduce, host_copy };
+inline constexpr std::size_t stream_role_count = 4;
+
+constexpr std::string_view to_string(stream_role r) noexcept {
+  switch (r) {
+    case stream_role::compute: return "compute";
+    case stream_role::gather: return "gather";
+    case stream_role::reduce: return "reduce";
+    case stream_role::host_copy: return "host_copy";
+  }
+  return "?";
+}
+
+struct cuda_backend_options {
+  int device = 0;
+  std::optional<std::size_t> budget_bytes;       // device ledger: hard budget (I8)
+  std::optional<std::size_t> host_budget_bytes;  // pinned host ledger
+  std::string name = "cuda";
+  // Freed bytes the pool keeps reserved instead of returning to the driver. The default keeps
+  // all, which is what makes the steady state free of cudaMalloc/cudaFree.
+  std::uint64_t pool_release_threshold = std::numeric_limits<std::uint64_t>::max();
+  // synchronize() polls the stream and throws error_kind::backend after this long, so a stream
+  // stuck behind a hung collective becomes an error instead of a silent hang. 0: wait forever.
+  std::chrono::milliseconds sync_timeout{300'000};
+};
+
+class cuda_backend {
+ public:
+  using zshard_tag = backend_tag;
+  static constexpr bool holds_storage = true;
+  static constexpr bool memory_is_host = false;  // device memory: the host reads it through copy()
+
+  // A non-owning handle on one of the backend's streams; cheap to copy.
+  class stream {
+   public:
+    stream() = default;
+    explicit stream(cudaStream_t h) noexcept : handle_(h) {}
+    cudaStream_t handle() const noexcept { return handle_; }
+
+   private:
+    cudaStream_t handle_ = nullptr;
+  };
+
+  // An owning CUDA event (timing disabled: ordering only, the cheapest kind); move-only.
+  class event {
+   public:
+    event() = default;
+    explicit event(cudaEvent_t h) noexcept : handle_(h) {}
+    event(event&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
+    event& operator=(event&& o) noexcept {
+      if (this != &o) {
+        reset();
+        handle_ = std::exchange(o.handle_, nullptr);
+      }
+      return *this;
+    }
+    event(const event&) = delete;
+    event& operator=(const event&) = delete;
+    ~event() { reset(); }
+    cudaEvent_t handle() const noexcept { return handle_; }
+
+   private:
+    void reset() noexcept {
+      if (handle_) (void)cudaEventDestroy(handle_);  // safe while pending: released on completion
+      handle_ = nullptr;
+    }
+    cudaEvent_t handle_ = nullptr;
+  };
+
+  explicit cuda_backend(cuda_backend_options opts = {})
+      : opts_(std::move(opts)),
+        ledger_(opts_.name + ":" + std::to_string(opts_.device), opts_.budget_bytes),
+        pinned_(opts_.name + ":" + std::to_string(opts_.device) + ":pinned_host", opts_.host_budget_bytes) {
+    cuda::check(cudaSetDevice(opts_.device), "cudaSetDevice(" + std::to_string(opts_.device) + ")");
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = opts_.device;
+    cuda::check(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate(device " + std::to_string(opts_.device) + ")");
+    std::uint64_t threshold = opts_.pool_release_threshold;
+    try {
+      cuda::check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
+                  "cudaMemPoolSetAttribute(cudaMemPoolAttrReleaseThreshold)");
+      // Communication gets the higher priority: a gather that waits behind queued compute
+      // delays the next module's compute by the whole gather.
+      int least = 0, greatest = 0;
+      ZSHARD_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      for (std::size_t r = 0; r < stream_role_count; ++r) {
+        const auto role = static_cast<stream_role>(r);
+        const bool comm = role == stream_role::gather || role == stream_role::reduce;
+        cuda::check(cudaStreamCreateWithPriority(&streams_[r], cudaStreamNonBlocking, comm ? greatest : least),
+                    "cudaStreamCreateWithPriority(" + std::string(to_string(role)) + ")");
+      }
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+  cuda_backend(const cuda_backend&) = delete;
+  cuda_backend& operator=(const cuda_backend&) = delete;
+  // Every buffer must be gone before the backend; pending work is drained first.
+  ~cuda_backend() { destroy(); }
+
+  int device() const noexcept { return opts_.device; }
+  const cuda_backend_options& options() const noexcept { return opts_; }
+  memory_ledger& ledger() noexcept { return ledger_; }
+  const memory_ledger& ledger() const noexcept { return ledger_; }
+  // Pinned host memory (offloaded optimizer state, staging for host copies), with its own ledger.
+  cuda_pinned_memory& pinned() noexcept { return pinned_; }
+  cudaMemPool_t pool() const noexcept { return pool_; }
+
+  // ---- memory ------------------------------------------------------------------------------
+  // Without a stream: in the compute stream's order (see the header comment).
+  void* allocate(std::size_t bytes, mem_category c) { return allocate(bytes, c, compute()); }
+  // Allocates in the order of `s`: the memory is usable by work enqueued on s afterwards (other
+  // streams must wait on an event recorded on s after this call).
+  void* allocate(std::size_t bytes, mem_category c, const stream& s) {
+    if (bytes == 0) return nullptr;
+    rethrow_deferred();
+    ledger_.charge(c, bytes);  // throws before anything is allocated
+    void* p = nullptr;
+    cudaError_t status = ensure_device_status();
+    if (status == cudaSuccess) status = cudaMallocFromPoolAsync(&p, bytes, pool_, s.handle());
+    if (status != cudaSuccess) {
+      ledger_.release(c, bytes);
+      (void)cudaGetLastError();
+      throw cuda::make_error(status, "cudaMallocFromPoolAsync(" + std::to_string(bytes) + " bytes for " +
+                                         std::string(to_string(c)) + " on device " + std::to_string(opts_.device) +
+                                         ")");
+    }
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes, mem_category c) noexcept { deallocate(p, bytes, c, compute()); }
+  // Frees in the order of `s`: every use of p must be enqueued on s, or on a stream s waited for.
+  // A failure cannot be thrown from here (buffers free in destructors): it is kept and thrown
+  // by the next allocate(), synchronize() or grad_stats_of().
+  void deallocate(void* p, std::size_t bytes, mem_category c, const stream& s) noexcept {
+    if (!p) return;
+    const cudaError_t status = cudaFreeAsync(p, s.handle());
+    if (status != cudaSuccess && deferred_.empty())
+      deferred_ = "cudaFreeAsync(" + std::to_string(bytes) + " bytes of " + std::string(to_string(c)) +
+                  ") failed: " + cuda::describe(status);
+    ledger_.release(c, bytes);
+  }
+
+  // ---- streams and events ------------------------------------------------------------------
+  stream make_stream() noexcept { return compute(); }
+  stream role_stream(stream_role r) const noexcept { return stream(streams_[static_cast<std::size_t>(r)]); }
+  event make_event() {
+    ensure_device();
+    cudaEvent_t e = nullptr;
+    ZSHARD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return event(e);
+  }
+  // An event that can also time: for benchmarks and traces (elapsed_ms).
+  event make_timing_event() {
+    ensure_device();
+    cudaEvent_t e = nullptr;
+    ZSHARD_CUDA_CHECK(cudaEventCreate(&e));
+    return event(e);
+  }
+  void record(event& e, const stream& s) { ZSHARD_CUDA_CHECK(cudaEventRecord(e.handle(), s.handle())); }
+  void wait(const stream& s, const event& e) { ZSHARD_CUDA_CHECK(cudaStreamWaitEvent(s.handle(), e.handle(), 0)); }
+  // Has everything before the event's record completed? Never blocks.
+  bool ready(const event& e) const {
+    const cudaError_t status = cudaEventQuery(e.handle());
+    if (status == cudaErrorNotReady) return false;
+    ZSHARD_CUDA_CHECK(status);
+    return true;
+  }
+  static float elapsed_ms(const event& from, const event& to) {
+    float ms = 0;
+    ZSHARD_CUDA_CHECK(cudaEventElapsedTime(&ms, from.handle(), to.handle()));
+    return ms;
+  }
+
+  // Waits for s, polling so that a stream stuck behind a hung collective turns into an error
+  // after options().sync_timeout instead of blocking forever.
+  void synchronize(const stream& s) {
+    rethrow_deferred();
+    if (opts_.sync_timeout.count() <= 0) return ZSHARD_CUDA_CHECK(cudaStreamSynchronize(s.handle()));
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      const cudaError_t status = cudaStreamQuery(s.handle());
+      if (status == cudaSuccess) return;
+      if (status != cudaErrorNotReady) cuda::check(status, "cudaStreamQuery (synchronize)");
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited > opts_.sync_timeout)
+        throw error(error_kind::backend,
+                    "synchronize: stream on device " + std::to_string(opts_.device) + " did not finish within " +
+                        std::to_string(opts_.sync_timeout.count()) + " ms",
+                    "a collective on this stream may be waiting for a rank that failed or skipped it; raise "
+                    "cuda_backend_options::sync_timeout if the queued work is legitimately that long");
+      // Spin briefly (most waits are microseconds), then give the core back.
+      if (spins < 2000) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  void synchronize_all() {
+    for (std::size_t r = 0; r < stream_role_count; ++r) synchronize(stream(streams_[r]));
+  }
+
+  // ---- data movement -----------------------------------------------------------------------
+  // Any direction (host<->device, device<->device). From pageable host memory the source is
+  // staged before this returns; into pageable host memory the copy completes before it returns.
+  // Pinned host memory (pinned()) makes both truly asynchronous: then synchronize before reading.
+  void copy(void* dst, const void* src, std::size_t bytes, const stream& s) {
+    if (bytes == 0) return;
+    cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s.handle()),
+                "cudaMemcpyAsync(" + std::to_string(bytes) + " bytes)");
+  }
+  void fill_zero(void* dst, std::size_t bytes, const stream& s) {
+    if (bytes == 0) return;
+    cuda::check(cudaMemsetAsync(dst, 0, bytes, s.handle()), "cudaMemsetAsync(" + std::to_string(bytes) + " bytes)");
+  }
+  void fill(void* dst, dtype t, std::size_t n, float value, const stream& s) {
+    ensure_device();
+    launched(cuda::fill(dst, t, n, value, s.handle()), "fill", n);
+  }
+  void convert(const void* src, dtype src_type, void* dst, dtype dst_type, std::size_t n, const stream& s) {
+    ensure_device();
+    launched(cuda::cast(src, src_type, dst, dst_type, n, s.handle()),
+             "cast " + std::string(to_string(src_type)) + "->" + std::string(to_string(dst_type)), n);
+  }
+
+  // ---- kernels (launched on the backend's device whatever the calling thread's current one) --
+  void add_into(float* dst, const float* src, std::size_t n, const stream& s) {
+    ensure_device();
+    launched(cuda::add_into(dst, src, n, s.handle()), "add_into", n);
+  }
+  void adamw(const optim::adamw_step& step, float* master, float* m, float* v, const float* grad, std::size_t n,
+             void* working_out, dtype working_type, const stream& s) {
+    ensure_device();
+    launched(cuda::adamw(step, master, m, v, grad, n, working_out, working_type, s.handle()), "adamw", n);
+  }
+  // x *= scale; *nonfinite_flag (device) set to 1 on Inf/NaN. Asynchronous.
+  void scale_and_check(float* x, std::size_t n, float scale, unsigned* nonfinite_flag, const stream& s) {
+    ensure_device();
+    launched(cuda::scale_and_check(x, n, scale, nonfinite_flag, s.handle()), "scale_and_check", n);
+  }
+
+  // Synchronous, as on every backend: the host needs the result for a global decision.
+  grad_stats grad_stats_of(const float* g, std::size_t n, const stream& s) {
+    if (n == 0) return {};
+    double sum = 0;
+    const auto r = reduce_into_device<double>(g, n, s, "sum_squares", sum_squares_op{});
+    copy(&sum, r.result(), sizeof sum, s);
+    deallocate(r.block, r.bytes, mem_category::scratch, s);
+    synchronize(s);
+    return {sum, !std::isfinite(sum)};
+  }
+  // Enqueues *device_out = sum of g[i]^2 (double, device memory) without waiting: a caller
+  // with many tensors reduces each into its own slot and reads them all with one copy and one
+  // synchronize, instead of one host wait per tensor (grad_stats_of). Non-finite: Inf/NaN.
+  void sum_squares_into(const float* g, std::size_t n, double* device_out, const stream& s) {
+    if (n == 0) return fill_zero(device_out, sizeof(double), s);
+    const auto r = reduce_into_device<double>(g, n, s, "sum_squares", sum_squares_op{});
+    copy(device_out, r.result(), sizeof(double), s);
+    deallocate(r.block, r.bytes, mem_category::scratch, s);
+  }
+  // max |g[i]|, synchronous (NaN when any element is NaN).
+  float max_abs_of(const float* g, std::size_t n, const stream& s) {
+    if (n == 0) return 0.0f;
+    float amax = 0;
+    const auto r = reduce_into_device<float>(g, n, s, "max_abs", [](void* t, std::size_t& tb, const float* x,
+                                                                     std::size_t k, float* o, cudaStream_t st) {
+      return cuda::max_abs(t, tb, x, k, o, st);
+    });
+    copy(&amax, r.result(), sizeof amax, s);
+    deallocate(r.block, r.bytes, mem_category::scratch, s);
+    synchronize(s);
+    return amax;
+  }
+
+ private:
+  stream compute() const noexcept { return stream(streams_[0]); }
+
+  cudaError_t ensure_device_status() const noexcept {
+    int current = -1;
+    const cudaError_t status = cudaGetDevice(&current);
+    if (status != cudaSuccess || current == opts_.device) return status;
+    return cudaSetDevice(opts_.device);
+  }
+  void ensure_device() const { cuda::ensure_device(opts_.device); }
+
+  void launched(cudaError_t status, const std::string& what, std::size_t n) const {
+    if (status != cudaSuccess)
+      throw cuda::make_error(status, what + " kernel launch (" + std::to_string(n) + " elements, device " +
+                                         std::to_string(opts_.device) + ")");
+  }
+
+  void rethrow_deferred() {
+    if (deferred_.empty()) return;
+    std::string msg = std::exchange(deferred_, {});
+    throw error(error_kind::backend, msg + " (reported late: it failed while a buffer was being freed)");
+  }
+
+  struct sum_squares_op {
+    cudaError_t operator()(void* t, std::size_t& tb, const float* x, std::size_t k, double* o, cudaStream_t st) const {
+      return cuda::sum_squares(t, tb, x, k, o, st);
+    }
+  };
+  template <class T>
+  struct reduce_scratch {
+    void* block;
+    std::size_t bytes;
+    T* result() const noexcept { return static_cast<T*>(block); }
+  };
+  static constexpr std::size_t reduce_header = 256;  // the result; keeps CUB's temp 256-byte aligned
+
+  // A CUB two-phase reduction of n f32 into one T on the device, enqueued on s. Its result and
+  // temp storage share one ledgered scratch block from the pool, [result | temp], which the
+  // caller frees in the order of s once it has copied the result out.
+  template <class T, class Reduce>
+  reduce_scratch<T> reduce_into_device(const float* x, std::size_t n, const stream& s, const char* what,
+                                       Reduce&& reduce) {
+    ensure_device();
+    std::size_t temp_bytes = 0;
+    cuda::check(reduce(nullptr, temp_bytes, x, n, static_cast<T*>(nullptr), s.handle()),
+                std::string("cub ") + what + " (temp storage query)");
+    reduce_scratch<T> r{nullptr, reduce_header + temp_bytes};
+    r.block = allocate(r.bytes, mem_category::scratch, s);
+    const cudaError_t status =
+        reduce(static_cast<unsigned char*>(r.block) + reduce_header, temp_bytes, x, n, r.result(), s.handle());
+    if (status != cudaSuccess) {
+      deallocate(r.block, r.bytes, mem_category::scratch, s);
+      throw cuda::make_error(status, std::string("cub ") + what + " (" + std::to_string(n) + " elements)");
+    }
+    return r;
+  }
+
+  // Bounded like synchronize(): a stream stuck behind a hung collective is leaked, not waited
+  // on forever (the caller is already unwinding from the error that reported it).
+  void destroy() noexcept {
+    for (cudaStream_t& st : streams_) {
+      if (!st) continue;
+      const auto start = std::chrono::steady_clock::now();
+      cudaError_t status = cudaErrorNotReady;
+      for (int spins = 0; status == cudaErrorNotReady; ++spins) {
+        status = cudaStreamQuery(st);
+        if (opts_.sync_timeout.count() > 0 && std::chrono::steady_clock::now() - start > opts_.sync_timeout) break;
+        if (status == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(spins < 100 ? 1 : 100));
+      }
+      if (status != cudaErrorNotReady) (void)cudaStreamDestroy(st);
+      st = nullptr;
+    }
+    if (pool_) (void)cudaMemPoolDestroy(pool_);  // outstanding blocks (a leak) are released when freed
+    pool_ = nullptr;
+  }
+
+  cuda_backend_options opts_;
+  memory_ledger ledger_;
+  cuda_pinned_memory pinned_;
+  cudaMemPool_t pool_ = nullptr;
+  cudaStream_t streams_[stream_role_count] = {};
+  std::string deferred_;
+};
+
+static_assert(check_backend<cuda_backend>());
+
+}  // namespace zshard

@@ -1,0 +1,494 @@
+#pragma once
+// The NCCL communicator: the communicator concept over device pointers, one rank per GPU.
+// Two ways to make one:
+//   - one process per GPU: nccl_comm(id, nranks, rank, device). The caller ships the id that
+//     rank 0 got from nccl_comm::make_unique_id() to the other processes (MPI, a file, ...).
+//   - one process driving several GPUs: nccl_comm::create_local(devices), then one thread per
+//     rank (run_nccl_ranks does both).
+//
+// Streams: collectives are enqueued on stream(), which the caller sets (set_stream) to the
+// stream that orders the buffers, normally the backend's compute stream: then nothing else
+// has to be ordered by hand. Until set, the communicator uses a stream of its own.
+//
+// Completion: with nccl_completion::wait (the default) a collective returns when it has
+// finished on the GPU; with ::enqueue it returns once enqueued, and synchronize() waits. Both
+// poll cudaStreamQuery and ncclCommGetAsyncError, so a failed peer, a network error or a rank
+// that never arrives turns into zshard::error(error_kind::comm) after options().timeout, and
+// the communicator is aborted (ncclCommAbort): never a silent hang. The communicator is
+// created non-blocking for the same reason: initialisation waiting for absent ranks times out.
+//
+// Differences from the contract in communicator.hpp, inherent to NCCL: reductions run in
+// NCCL's order (ring/tree), not rank order, and bf16/f16 accumulate in their own type, so
+// results match the thread communicator within rounding, not bitwise (every rank still gets
+// identical all_reduce results); count == 0 does not synchronise ranks; mismatched arguments
+// across ranks are not detected (they hang, and the timeout reports it).
+//
+// Runtime API and NCCL only: plain C++ translation units may include it. Link NCCL and cudart.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "zshard/backend/cuda_check.hpp"
+#include "zshard/comm/communicator.hpp"
+
+namespace zshard {
+
+enum class nccl_completion : std::uint8_t {
+  wait,     // each collective returns once finished on the GPU (simplest; the host waits)
+  enqueue,  // returns once enqueued: order later work by stream; synchronize() before host reads
+};
+
+struct nccl_options {
+  std::chrono::milliseconds timeout{60'000};  // init, collectives, synchronize(), finalize
+  nccl_completion completion = nccl_completion::wait;
+  // When set (run_nccl_ranks sets it when a rank thread fails), a rank waiting on a collective
+  // aborts at once instead of waiting out the timeout.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+namespace nccl_detail {
+inline ncclDataType_t type_of(dtype t) noexcept {
+  switch (t) {
+    case dtype::f32: return ncclFloat32;
+    case dtype::bf16: return ncclBfloat16;
+    case dtype::f16: return ncclFloat16;
+  }
+  return ncclFloat32;
+}
+inline ncclRedOp_t op_of(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum: return ncclSum;
+    case reduce_op::average: return ncclAvg;
+    case reduce_op::max: return ncclMax;
+  }
+  return ncclSum;
+}
+inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
+  const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
+  return a_bytes != 0 && b_bytes != 0 && pa < pb + b_bytes && pb < pa + a_bytes;
+}
+// Busy-poll for the first ~2000 rounds (collectives take microseconds), then sleep briefly.
+inline void back_off(int spins) {
+  if (spins < 2000) std::this_thread::yield();
+  else std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+inline ncclConfig_t nonblocking_config() noexcept {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+}  // namespace nccl_detail
+
+class nccl_comm {
+ public:
+  using zshard_tag = communicator_tag;
+
+  // Rank 0 calls this and gives the id to every rank (the MPI bootstrap's job).
+  static ncclUniqueId make_unique_id() {
+    ncclUniqueId id{};
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+      throw error(error_kind::comm, std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(r),
+                  "NCCL needs a usable network interface for its bootstrap (see NCCL_SOCKET_IFNAME)");
+    return id;
+  }
+
+  // One rank of nranks, on `device`. Blocks until every rank has joined, or throws after
+  // options.timeout (a rank that never comes, a wrong id).
+  nccl_comm(const ncclUniqueId& id, int nranks, int rank, int device, nccl_options opts = {})
+      : rank_(rank), size_(nranks), device_(device), opts_(opts) {
+    require(nranks >= 1, error_kind::usage, "nccl_comm: nranks must be at least 1, got " + std::to_string(nranks));
+    require(rank >= 0 && rank < nranks, error_kind::usage,
+            "nccl_comm: rank " + std::to_string(rank) + " is outside [0, " + std::to_string(nranks) + ")");
+    try {
+      make_resources();
+      ncclConfig_t config = nccl_detail::nonblocking_config();
+      const std::string what = "ncclCommInitRankConfig(nranks=" + std::to_string(nranks) +
+                               ", rank=" + std::to_string(rank) + ", device=" + std::to_string(device) + ")";
+      const ncclResult_t r = ncclCommInitRankConfig(&comm_, nranks, id, rank, &config);
+      if (r != ncclSuccess && r != ncclInProgress) fail(what, r);
+      settle(what);
+    } catch (...) {
+      release(/*graceful=*/false);
+      throw;
+    }
+  }
+
+  // All ranks of a single-process multi-GPU world, rank i on devices[i] (grouped
+  // ncclCommInitRankConfig, the non-blocking form of ncclCommInitAll). Use each from its own thread.
+  static std::vector<nccl_comm> create_local(std::span<const int> devices, nccl_options opts = {}) {
+    const int n = static_cast<int>(devices.size());
+    require(n >= 1, error_kind::usage, "nccl_comm::create_local needs at least one device");
+    const ncclUniqueId id = make_unique_id();
+    std::vector<nccl_comm> comms;
+    comms.reserve(devices.size());
+    for (int r = 0; r < n; ++r) comms.push_back(nccl_comm(adopt{}, r, n, devices[static_cast<std::size_t>(r)], opts));
+    ncclConfig_t config = nccl_detail::nonblocking_config();
+    const std::string what = "ncclCommInitRankConfig (create_local, " + std::to_string(n) + " devices)";
+    try {
+      ncclResult_t r = ncclGroupStart();
+      for (int q = 0; q < n && (r == ncclSuccess || r == ncclInProgress); ++q) {
+        auto& c = comms[static_cast<std::size_t>(q)];
+        r = cudaSetDevice(c.device_) == cudaSuccess ? ncclCommInitRankConfig(&c.comm_, n, id, q, &config)
+                                                    : ncclUnhandledCudaError;
+      }
+      const ncclResult_t end = ncclGroupEnd();  // always closes the group, even after an error
+      if (r == ncclSuccess || r == ncclInProgress) r = end;
+      if (r != ncclSuccess && r != ncclInProgress) comms.front().fail(what, r);
+      for (auto& c : comms) c.settle(what);
+    } catch (...) {
+      for (auto& c : comms) c.abort("create_local failed");  // finalising would wait for the failed ranks
+      throw;
+    }
+    return comms;
+  }
+
+  nccl_comm(nccl_comm&& o) noexcept { take(o); }
+  nccl_comm& operator=(nccl_comm&& o) noexcept {
+    if (this != &o) {
+      release(!aborted_);
+      take(o);
+    }
+    return *this;
+  }
+  nccl_comm(const nccl_comm&) = delete;
+  nccl_comm& operator=(const nccl_comm&) = delete;
+  // Flushes and finalises (bounded by the timeout); aborts instead when the communicator has
+  // failed or a peer was cancelled, because finalising then waits for ranks that are gone.
+  // Several ranks driven from one thread: call finalize_all() on them first.
+  ~nccl_comm() { release(!aborted_ && !cancelled()); }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  int device() const noexcept { return device_; }
+  ncclComm_t handle() const noexcept { return comm_; }
+  const nccl_options& options() const noexcept { return opts_; }
+  void set_completion(nccl_completion c) noexcept { opts_.completion = c; }
+  bool aborted() const noexcept { return aborted_; }
+
+  cudaStream_t stream() const noexcept { return stream_ ? stream_ : own_stream_; }
+  // Collectives from now on run on s (nullptr: back to the communicator's own stream). s must
+  // belong to device(); the caller orders anything on other streams with events.
+  void set_stream(cudaStream_t s) noexcept { stream_ = s; }
+
+  // ---- collectives (layout and in-place rules: communicator.hpp) -----------------------------
+  void all_gather(const void* src, void* dst, std::size_t count, dtype t) {
+    const std::size_t block = count * size_of(t);
+    check_pointers("all_gather", src, dst, count);
+    if (nccl_detail::overlaps(src, block, dst, block * static_cast<std::size_t>(size_)) &&
+        src != static_cast<const std::byte*>(dst) + block * static_cast<std::size_t>(rank_))
+      throw error(error_kind::usage, "all_gather: src overlaps dst other than as dst + rank() * count (in place)");
+    if (count == 0) return;
+    enqueued(describe("ncclAllGather", count, t),
+             ncclAllGather(src, dst, count, nccl_detail::type_of(t), comm_, stream()));
+  }
+
+  // op: sum or average (ncclAvg).
+  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+    require(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
+            "use all_reduce with reduce_op::max");
+    const std::size_t block = count * size_of(t);
+    check_pointers("reduce_scatter", src, dst, count);
+    if (nccl_detail::overlaps(src, block * static_cast<std::size_t>(size_), dst, block) &&
+        dst != static_cast<const std::byte*>(src) + block * static_cast<std::size_t>(rank_))
+      throw error(error_kind::usage, "reduce_scatter: dst overlaps src other than as src + rank() * count (in place)");
+    if (count == 0) return;
+    enqueued(describe("ncclReduceScatter", count, t, op),
+             ncclReduceScatter(src, dst, count, nccl_detail::type_of(t), nccl_detail::op_of(op), comm_, stream()));
+  }
+
+  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+    const std::size_t bytes = count * size_of(t);
+    check_pointers("all_reduce", src, dst, count);
+    if (src != dst && nccl_detail::overlaps(src, bytes, dst, bytes))
+      throw error(error_kind::usage, "all_reduce: src and dst overlap without being equal");
+    if (count == 0) return;
+    enqueued(describe("ncclAllReduce", count, t, op),
+             ncclAllReduce(src, dst, count, nccl_detail::type_of(t), nccl_detail::op_of(op), comm_, stream()));
+  }
+
+  void broadcast(void* dst, std::size_t count, dtype t, int root) {
+    require(root >= 0 && root < size_, error_kind::usage,
+            "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size_));
+    check_pointers("broadcast", dst, dst, count);
+    if (count == 0) return;
+    enqueued(describe("ncclBroadcast", count, t) + " root=" + std::to_string(root),
+             ncclBroadcast(dst, dst, count, nccl_detail::type_of(t), root, comm_, stream()));
+  }
+
+  // Every rank has reached this point and all work before it on stream() has finished.
+  void barrier() {
+    require(group_depth_ == 0, error_kind::usage, "barrier() inside a group_start()/group_end() pair");
+    check_pointers("barrier", scratch_, scratch_, 1);
+    enqueued_nowait("ncclAllReduce (barrier)",
+                    ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream()));
+    wait_stream("barrier");
+  }
+
+  // Waits until everything enqueued on stream() has finished (with timeout and error checks).
+  void synchronize() { wait_stream("synchronize"); }
+
+  // Collectives between group_start() and group_end() are launched together (one NCCL launch
+  // for several tensors); they complete, or are waited for, at group_end(). Nestable.
+  void group_start() {
+    check_usable("group_start");
+    const ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) fail("ncclGroupStart", r);
+    ++group_depth_;
+  }
+  void group_end() {
+    require(group_depth_ > 0, error_kind::usage, "group_end() without group_start()");
+    --group_depth_;
+    enqueued("ncclGroupEnd", ncclGroupEnd());
+  }
+
+  // Flushes and destroys several communicators together, since finalising one rank may wait
+  // for its peers (one thread finalising them one by one would wait on itself). A communicator
+  // that does not finish within its timeout, or fails, is aborted instead. Idempotent.
+  static void finalize_all(std::span<nccl_comm> comms) noexcept {
+    std::vector<int> state(comms.size(), 0);  // 0 pending, 1 finalised, -1 abort
+    for (std::size_t i = 0; i < comms.size(); ++i) {
+      nccl_comm& c = comms[i];
+      if (!c.comm_ || c.aborted_) continue;
+      (void)cudaSetDevice(c.device_);
+      const ncclResult_t r = ncclCommFinalize(c.comm_);
+      state[i] = r == ncclSuccess ? 1 : r == ncclInProgress ? 0 : -1;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      bool pending = false;
+      for (std::size_t i = 0; i < comms.size(); ++i) {
+        nccl_comm& c = comms[i];
+        if (!c.comm_ || c.aborted_ || state[i] != 0) continue;
+        ncclResult_t st = ncclInProgress;
+        if (ncclCommGetAsyncError(c.comm_, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
+          state[i] = -1;
+        else if (st == ncclSuccess)
+          state[i] = 1;
+        else if (std::chrono::steady_clock::now() - start > c.opts_.timeout)
+          state[i] = -1;
+        else
+          pending = true;
+      }
+      if (!pending) break;
+      nccl_detail::back_off(spins);
+    }
+    for (std::size_t i = 0; i < comms.size(); ++i) {
+      nccl_comm& c = comms[i];
+      if (!c.comm_) continue;
+      if (state[i] == 1 && !c.aborted_) {
+        (void)ncclCommDestroy(c.comm_);
+        c.comm_ = nullptr;
+      } else {
+        c.abort_now();
+      }
+    }
+  }
+
+  // Aborts the communicator now (idempotent); later collectives throw error_kind::comm.
+  void abort(const std::string& reason = "aborted by the caller") noexcept {
+    if (!aborted_) reason_ = reason;
+    abort_now();
+  }
+
+ private:
+  struct adopt {};
+  nccl_comm(adopt, int rank, int nranks, int device, nccl_options opts)
+      : rank_(rank), size_(nranks), device_(device), opts_(opts) {
+    make_resources();
+  }
+
+  // The communicator's own stream and the one float the barrier reduces.
+  void make_resources() {
+    cuda::check(cudaSetDevice(device_), "cudaSetDevice(" + std::to_string(device_) + ")");
+    ZSHARD_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
+    void* p = nullptr;
+    ZSHARD_CUDA_CHECK(cudaMalloc(&p, sizeof(float)));
+    scratch_ = static_cast<float*>(p);
+  }
+
+  void take(nccl_comm& o) noexcept {
+    comm_ = std::exchange(o.comm_, nullptr);
+    own_stream_ = std::exchange(o.own_stream_, nullptr);
+    stream_ = std::exchange(o.stream_, nullptr);
+    scratch_ = std::exchange(o.scratch_, nullptr);
+    rank_ = o.rank_;
+    size_ = o.size_;
+    device_ = o.device_;
+    opts_ = o.opts_;
+    group_depth_ = std::exchange(o.group_depth_, 0);
+    aborted_ = std::exchange(o.aborted_, false);
+    reason_ = std::move(o.reason_);
+  }
+
+  void release(bool graceful) noexcept {
+    if (comm_) {
+      if (graceful) finalize_all(std::span<nccl_comm>(this, 1));
+      else abort_now();
+    }
+    if (scratch_) (void)cudaFree(scratch_);
+    if (own_stream_) (void)cudaStreamDestroy(own_stream_);
+    scratch_ = nullptr;
+    own_stream_ = nullptr;
+  }
+
+  bool cancelled() const noexcept { return opts_.cancel && opts_.cancel->load(std::memory_order_relaxed); }
+
+  void abort_now() noexcept {
+    aborted_ = true;
+    if (comm_) (void)ncclCommAbort(comm_);  // also makes NCCL kernels in flight return
+    comm_ = nullptr;
+  }
+
+  std::string where() const {
+    return " on rank " + std::to_string(rank_) + " (device " + std::to_string(device_) + ")";
+  }
+
+  static std::string describe(const char* call, std::size_t count, dtype t) {
+    return std::string(call) + "(count=" + std::to_string(count) + ", " + std::string(to_string(t)) + ")";
+  }
+  static std::string describe(const char* call, std::size_t count, dtype t, reduce_op op) {
+    return std::string(call) + "(count=" + std::to_string(count) + ", " + std::string(to_string(t)) + ", " +
+           std::string(to_string(op)) + ")";
+  }
+
+  void check_usable(const std::string& what) const {
+    if (aborted_ || !comm_)
+      throw error(error_kind::comm, what + where() + ": the communicator was aborted earlier: " + reason_,
+                  "the first error is the root cause; create a new communicator to continue");
+  }
+  void check_pointers(const char* what, const void* src, const void* dst, std::size_t count) const {
+    check_usable(what);
+    if (count != 0 && (src == nullptr || dst == nullptr))
+      throw error(error_kind::usage, std::string(what) + where() + ": null buffer with count " + std::to_string(count));
+  }
+
+  [[noreturn]] void fail(const std::string& what, ncclResult_t r) {
+    std::string detail = ncclGetErrorString(r);
+    if (const char* last = ncclGetLastError(comm_); last && *last) detail += ": " + std::string(last);
+    reason_ = what + " failed: " + detail;
+    abort_now();
+    throw error(error_kind::comm, what + where() + " failed: " + detail,
+                r == ncclInvalidUsage || r == ncclInvalidArgument
+                    ? "check that every rank calls the same collectives with the same count, dtype and op"
+                    : "a peer rank may have failed or the network dropped; the communicator was aborted");
+  }
+
+  [[noreturn]] void fail_waiting(const std::string& what, const std::string& why, const char* hint) {
+    reason_ = what + ": " + why;
+    abort_now();
+    throw error(error_kind::comm, what + where() + ": " + why, hint);
+  }
+
+  // Times out or honours a cancellation while waiting on `what`.
+  void check_deadline(const std::string& what, std::chrono::steady_clock::time_point start) {
+    if (cancelled())
+      fail_waiting(what, "aborted because a peer rank failed", "the first failure is the root cause: fix that one");
+    if (std::chrono::steady_clock::now() - start > opts_.timeout)
+      fail_waiting(what, "did not complete within " + std::to_string(opts_.timeout.count()) +
+                             " ms; the communicator was aborted",
+                   "every rank must call the same collectives in the same order; a rank that failed, skipped one "
+                   "or hangs stops the others. Raise nccl_options::timeout only if ranks are legitimately slow");
+  }
+
+  // A non-blocking communicator's call may return ncclInProgress: wait until its state leaves
+  // it (NCCL requires that before the next call), failing on an error or the timeout.
+  void settle(const std::string& what) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+      if (r != ncclSuccess) fail(what + " (ncclCommGetAsyncError)", r);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(what, state);
+      check_deadline(what, start);
+      nccl_detail::back_off(spins);
+    }
+  }
+
+  void enqueued_nowait(const std::string& what, ncclResult_t r) {
+    if (r != ncclSuccess && r != ncclInProgress) fail(what, r);
+    if (group_depth_ == 0) settle(what);
+  }
+  void enqueued(const std::string& what, ncclResult_t r) {
+    enqueued_nowait(what, r);
+    if (group_depth_ == 0 && opts_.completion == nccl_completion::wait) wait_stream(what);
+  }
+
+  void wait_stream(const std::string& what) {
+    check_usable(what);
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      const cudaError_t q = cudaStreamQuery(stream());
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) {
+        reason_ = what + ": cudaStreamQuery failed: " + cuda::describe(q);
+        abort_now();
+        throw cuda::make_error(q, "cudaStreamQuery (waiting for " + what + where() + ")");
+      }
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+      if (r != ncclSuccess) fail(what + " (ncclCommGetAsyncError)", r);
+      if (state != ncclSuccess && state != ncclInProgress) fail(what, state);
+      check_deadline(what, start);
+      nccl_detail::back_off(spins);
+    }
+  }
+
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t own_stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // set by the caller; null: own_stream_
+  float* scratch_ = nullptr;
+  int rank_ = 0, size_ = 1, device_ = 0;
+  nccl_options opts_{};
+  int group_depth_ = 0;
+  bool aborted_ = false;
+  std::string reason_;
+};
+
+static_assert(check_communicator<nccl_comm>());
+
+// Runs fn(nccl_comm&) on one thread per device, rank i on devices[i] (single-process
+// multi-GPU), and joins them. If a rank throws, the others stop waiting at once and the
+// first failure is rethrown here, as run_ranks does for thread ranks.
+template <class F>
+void run_nccl_ranks(std::span<const int> devices, F&& fn, nccl_options opts = {}) {
+  std::atomic<bool> failed{false};
+  std::atomic<int> first{-1};
+  opts.cancel = &failed;
+  std::vector<nccl_comm> comms = nccl_comm::create_local(devices, opts);
+  std::vector<std::exception_ptr> errors(devices.size());
+  std::vector<std::thread> threads;
+  threads.reserve(devices.size());
+  for (std::size_t r = 0; r < devices.size(); ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        cuda::check(cudaSetDevice(devices[r]), "cudaSetDevice(" + std::to_string(devices[r]) + ")");
+        fn(comms[r]);
+      } catch (...) {
+        errors[r] = std::current_exception();
+        int none = -1;
+        first.compare_exchange_strong(none, static_cast<int>(r));
+        failed.store(true);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (failed.load())
+    for (auto& c : comms) c.abort("a rank of run_nccl_ranks failed");
+  else
+    nccl_comm::finalize_all(comms);
+  if (const int f = first.load(); f >= 0) std::rethrow_exception(errors[static_cast<std::size_t>(f)]);
+}
+
+}  // namespace zshard

@@ -1,0 +1,126 @@
+#pragma once
+// The engine on cuda_backend + nccl_comm against the float64 single-process reference (I7):
+// the host equivalence tests (tests/engine/test_engine_equivalence.cpp) on GPUs. Part of
+// test_cuda.cu's single translation unit. World sizes: 1, and 2 and all GPUs when there are more.
+
+namespace engine_cases {
+
+// As in the host test: f32 normwise within 1e-5 of the reference; bf16/f16 within one ulp.
+inline void check_equal(const toy::train_result& got, const toy::train_result& want, dtype working,
+                        const std::string& what) {
+  INFO(what);
+  REQUIRE(got.params.size() == want.params.size());
+  for (std::size_t p = 0; p < got.params.size(); ++p) {
+    INFO("parameter #" << p);
+    REQUIRE(got.params[p].size() == want.params[p].size());
+    if (working == dtype::f32) {
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < got.params[p].size(); ++i) {
+        diff += std::pow(double(got.params[p][i]) - want.params[p][i], 2);
+        norm += std::pow(double(want.params[p][i]), 2);
+      }
+      CHECK(std::sqrt(diff) <= 1e-5 * std::sqrt(norm));
+    } else {
+      const double ulp = working == dtype::bf16 ? 0x1p-7 : 0x1p-10;
+      for (std::size_t i = 0; i < got.params[p].size(); ++i)
+        REQUIRE(std::abs(double(got.params[p][i]) - want.params[p][i]) <= ulp * std::abs(want.params[p][i]) + 1e-30);
+    }
+  }
+  REQUIRE(got.reports.size() == want.reports.size());
+  for (std::size_t s = 0; s < got.reports.size(); ++s) {
+    CHECK(got.reports[s].skipped == want.reports[s].skipped);
+    CHECK(got.reports[s].step == want.reports[s].step);
+    if (!want.reports[s].skipped && working == dtype::f32)
+      CHECK(got.reports[s].grad_norm == doctest::Approx(want.reports[s].grad_norm).epsilon(1e-5));
+  }
+}
+
+inline toy::train_options base(int world) {
+  toy::train_options o;
+  o.world = world;
+  o.steps = 4;
+  o.engine.adamw.lr = 1e-2f;
+  o.engine.adamw.weight_decay = 0.1f;
+  o.engine.partition.persistence_threshold_numel = 8;  // biases and the frozen scale replicated
+  o.engine.reduce.reduce_bucket_numel = 100;           // several flushes per backward
+  return o;
+}
+
+inline std::vector<int> worlds() {
+  const int n = std::min(gpu_test::device_count(), 8);
+  std::vector<int> w = {1};
+  if (n >= 2) w.push_back(2);
+  if (n > 2) w.push_back(n);
+  return w;
+}
+
+inline const char* name(zshard::nccl_completion c) { return c == zshard::nccl_completion::wait ? "wait" : "enqueue"; }
+
+}  // namespace engine_cases
+
+TEST_CASE("engine on GPUs: sharded f32 training equals the float64 single-process reference") {
+  for (int world : engine_cases::worlds()) {
+    for (auto mode : {zshard::nccl_completion::wait, zshard::nccl_completion::enqueue}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        auto o = engine_cases::base(world);
+        std::string what = "world " + std::to_string(world) + ", " + engine_cases::name(mode);
+        if (variant == 1) {
+          o.micro_batches = 3;
+          what += ", 3 micro-batches";
+        }
+        if (variant == 2) {
+          o.micro_batches = 2;
+          o.engine.clip_norm = 0.05;
+          what += ", 2 micro-batches, clipping";
+        }
+        const auto got = gpu_test::train_on_gpus(o, mode);
+        engine_cases::check_equal(got, toy::train_reference(o), dtype::f32, what);
+        if (variant == 2)
+          for (const auto& r : got.reports) CHECK(r.clip_coefficient < 1.0);
+      }
+    }
+  }
+}
+
+TEST_CASE("engine on GPUs: bf16 working parameters within one bf16 ulp of the reference") {
+  for (int world : engine_cases::worlds()) {
+    auto o = engine_cases::base(world);
+    o.engine.param_dtype = dtype::bf16;
+    o.micro_batches = 2;
+    engine_cases::check_equal(gpu_test::train_on_gpus(o, zshard::nccl_completion::enqueue), toy::train_reference(o),
+                              dtype::bf16, "bf16, world " + std::to_string(world));
+  }
+}
+
+TEST_CASE("engine on GPUs: f16 with loss scaling, a forced overflow skips the step and lowers the scale") {
+  for (int world : engine_cases::worlds()) {
+    auto o = engine_cases::base(world);
+    o.engine.param_dtype = dtype::f16;
+    o.engine.loss_scale = {.enabled = true, .initial_scale = 1024.f, .growth_factor = 2.f, .backoff_factor = 0.5f,
+                           .growth_interval = 2, .min_scale = 1.f};
+    o.steps = 5;
+    o.overflow_step = 1;
+    const auto got = gpu_test::train_on_gpus(o, zshard::nccl_completion::wait);
+    engine_cases::check_equal(got, toy::train_reference(o), dtype::f16, "f16, world " + std::to_string(world));
+    REQUIRE(got.reports.size() == 5);
+    CHECK(got.reports[1].skipped);
+    CHECK(got.reports[1].loss_scale == 512.f);
+    CHECK(got.reports[3].loss_scale == 1024.f);
+  }
+}
+
+TEST_CASE("engine on GPUs with the host Offloader (optimizer state in pinned host memory) equals the reference") {
+  struct host_offload : zshard::default_policies {
+    using offloader = zshard::offload::host_adam;
+  };
+  for (int world : engine_cases::worlds()) {
+    for (dtype t : {dtype::f32, dtype::bf16}) {
+      auto o = engine_cases::base(world);
+      o.engine.param_dtype = t;
+      o.micro_batches = 2;
+      engine_cases::check_equal(gpu_test::train_on_gpus<host_offload>(o, zshard::nccl_completion::enqueue),
+                                toy::train_reference(o), t,
+                                "host_adam, " + std::string(zshard::to_string(t)) + ", world " + std::to_string(world));
+    }
+  }
+}
