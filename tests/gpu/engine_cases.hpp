@@ -5,46 +5,8 @@
 
 namespace engine_cases {
 
-// As in the host test: f32 normwise within 1e-5 of the reference; bf16/f16 within one ulp.
-inline void check_equal(const toy::train_result& got, const toy::train_result& want, dtype working,
-                        const std::string& what) {
-  INFO(what);
-  REQUIRE(got.params.size() == want.params.size());
-  for (std::size_t p = 0; p < got.params.size(); ++p) {
-    INFO("parameter #" << p);
-    REQUIRE(got.params[p].size() == want.params[p].size());
-    if (working == dtype::f32) {
-      double diff = 0, norm = 0;
-      for (std::size_t i = 0; i < got.params[p].size(); ++i) {
-        diff += std::pow(double(got.params[p][i]) - want.params[p][i], 2);
-        norm += std::pow(double(want.params[p][i]), 2);
-      }
-      CHECK(std::sqrt(diff) <= 1e-5 * std::sqrt(norm));
-    } else {
-      const double ulp = working == dtype::bf16 ? 0x1p-7 : 0x1p-10;
-      for (std::size_t i = 0; i < got.params[p].size(); ++i)
-        REQUIRE(std::abs(double(got.params[p][i]) - want.params[p][i]) <= ulp * std::abs(want.params[p][i]) + 1e-30);
-    }
-  }
-  REQUIRE(got.reports.size() == want.reports.size());
-  for (std::size_t s = 0; s < got.reports.size(); ++s) {
-    CHECK(got.reports[s].skipped == want.reports[s].skipped);
-    CHECK(got.reports[s].step == want.reports[s].step);
-    if (!want.reports[s].skipped && working == dtype::f32)
-      CHECK(got.reports[s].grad_norm == doctest::Approx(want.reports[s].grad_norm).epsilon(1e-5));
-  }
-}
-
-inline toy::train_options base(int world) {
-  toy::train_options o;
-  o.world = world;
-  o.steps = 4;
-  o.engine.adamw.lr = 1e-2f;
-  o.engine.adamw.weight_decay = 0.1f;
-  o.engine.partition.persistence_threshold_numel = 8;  // biases and the frozen scale replicated
-  o.engine.reduce.reduce_bucket_numel = 100;           // several flushes per backward
-  return o;
-}
+using toy::check_equal;  // tests/engine/equivalence_check.hpp: the host tests' comparison
+inline toy::train_options base(int world) { return toy::base_options(world); }
 
 inline std::vector<int> worlds() {
   const int n = std::min(gpu_test::device_count(), 8);

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include "../engine/toy_training.hpp"
+#include "../engine/equivalence_check.hpp"
 #include "zshard/backend/cuda_backend.hpp"
 #include "zshard/comm/nccl_comm.hpp"
 #include "zshard/offload/host_adam.hpp"
