@@ -28,9 +28,10 @@ class null_comm {
 
   null_comm(int rank, int world_size) : rank_(rank), size_(world_size) {
     ZSHARD_REQUIRE(world_size >= 1, error_kind::usage,
-            "null_comm world size must be at least 1, got " + std::to_string(world_size));
-    ZSHARD_REQUIRE(rank >= 0 && rank < world_size, error_kind::usage,
-            "rank " + std::to_string(rank) + " is outside a null_comm world of size " + std::to_string(world_size));
+                   "null_comm world size must be at least 1, got " + std::to_string(world_size));
+    ZSHARD_REQUIRE(
+        rank >= 0 && rank < world_size, error_kind::usage,
+        "rank " + std::to_string(rank) + " is outside a null_comm world of size " + std::to_string(world_size));
   }
 
   int rank() const noexcept { return rank_; }
@@ -45,7 +46,7 @@ class null_comm {
 
   void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
     ZSHARD_REQUIRE(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
-            "use all_reduce with reduce_op::max");
+                   "use all_reduce with reduce_op::max");
     const std::size_t block = count * size_of(t);
     if (overlaps(src, block * world(), dst, block) && dst != static_cast<const std::byte*>(src) + block * me())
       throw error(error_kind::usage, "reduce_scatter: dst overlaps src other than as src + rank() * count (in place)");
@@ -62,7 +63,7 @@ class null_comm {
 
   void broadcast(void*, std::size_t count, dtype t, int root) {
     ZSHARD_REQUIRE(root >= 0 && root < size_, error_kind::usage,
-            "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size_));
+                   "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size_));
     note(op_kind::broadcast, rank_ == root ? count * size_of(t) : 0);
   }
 

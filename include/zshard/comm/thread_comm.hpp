@@ -310,8 +310,9 @@ class thread_comm {
   using zshard_tag = communicator_tag;
 
   thread_comm(thread_world& world, int rank) : world_(&world), rank_(rank) {
-    ZSHARD_REQUIRE(rank >= 0 && rank < world.size(), error_kind::usage,
-            "rank " + std::to_string(rank) + " is outside a thread_world of size " + std::to_string(world.size()));
+    ZSHARD_REQUIRE(
+        rank >= 0 && rank < world.size(), error_kind::usage,
+        "rank " + std::to_string(rank) + " is outside a thread_world of size " + std::to_string(world.size()));
   }
 
   int rank() const noexcept { return rank_; }
@@ -337,7 +338,7 @@ class thread_comm {
   // op: sum or average (max is not part of the reduce_scatter contract, see communicator.hpp).
   void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
     ZSHARD_REQUIRE(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
-            "use all_reduce with reduce_op::max");
+                   "use all_reduce with reduce_op::max");
     const std::size_t block = count * size_of(t);
     check_pointers("reduce_scatter", src, dst, count);
     if (detail::overlaps(src, block * static_cast<std::size_t>(size()), dst, block) &&
@@ -376,7 +377,7 @@ class thread_comm {
 
   void broadcast(void* dst, std::size_t count, dtype t, int root) {
     ZSHARD_REQUIRE(root >= 0 && root < size(), error_kind::usage,
-            "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size()));
+                   "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size()));
     check_pointers("broadcast", dst, dst, count);
     enter({detail::collective::broadcast, 0, nullptr, dst, count, t, reduce_op::sum, root});
     const void* from = world_->slot(root).dst;

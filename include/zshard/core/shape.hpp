@@ -15,11 +15,12 @@ class shape {
 
   shape() = default;
   shape(std::initializer_list<std::int64_t> dims) {
-    ZSHARD_REQUIRE(dims.size() <= max_rank, error_kind::config,
-            "a shape has at most " + std::to_string(max_rank) + " dimensions, got " + std::to_string(dims.size()));
+    ZSHARD_REQUIRE(
+        dims.size() <= max_rank, error_kind::config,
+        "a shape has at most " + std::to_string(max_rank) + " dimensions, got " + std::to_string(dims.size()));
     for (std::int64_t d : dims) {
       ZSHARD_REQUIRE(d > 0, error_kind::config, "shape dimensions must be positive, got " + std::to_string(d),
-              "a parameter with no elements cannot be sharded; drop it from the model spec");
+                     "a parameter with no elements cannot be sharded; drop it from the model spec");
       dims_[static_cast<std::size_t>(rank_++)] = d;
     }
   }

@@ -25,8 +25,8 @@ class tensor_view {
   template <class E>
   std::span<E> as() const {
     ZSHARD_REQUIRE(dtype_of<std::remove_const_t<E>> == type_, error_kind::usage,
-            "view holds " + std::string(to_string(type_)) + ", requested " +
-                std::string(to_string(dtype_of<std::remove_const_t<E>>)));
+                   "view holds " + std::string(to_string(type_)) + ", requested " +
+                       std::string(to_string(dtype_of<std::remove_const_t<E>>)));
     return {static_cast<E*>(data_), numel()};
   }
 

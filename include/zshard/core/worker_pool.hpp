@@ -32,8 +32,9 @@ class worker_pool {
  public:
   // `threads` counts the caller: 1 means no helper threads; 0 means one per hardware thread.
   explicit worker_pool(int threads = 0) {
-    ZSHARD_REQUIRE(threads >= 0, error_kind::config, "worker_pool: thread count " + std::to_string(threads) + " is negative",
-            "use 0 for one thread per hardware thread, or a positive count");
+    ZSHARD_REQUIRE(threads >= 0, error_kind::config,
+                   "worker_pool: thread count " + std::to_string(threads) + " is negative",
+                   "use 0 for one thread per hardware thread, or a positive count");
     if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     size_ = threads;
     helpers_.reserve(static_cast<std::size_t>(threads - 1));

@@ -98,7 +98,7 @@ class engine {
   void begin_backward() {
     rethrow_if_broken();
     ZSHARD_REQUIRE(open_scopes_ == 0, error_kind::usage,
-            "begin_backward() with " + std::to_string(open_scopes_) + " module scope(s) still open");
+                   "begin_backward() with " + std::to_string(open_scopes_) + " module scope(s) still open");
     tracker_.on_begin_backward();
   }
 
@@ -107,7 +107,7 @@ class engine {
   void end_backward() {
     rethrow_if_broken();
     ZSHARD_REQUIRE(open_scopes_ == 0, error_kind::usage,
-            "end_backward() with " + std::to_string(open_scopes_) + " module scope(s) still open");
+                   "end_backward() with " + std::to_string(open_scopes_) + " module scope(s) still open");
     completed_.clear();
     tracker_.on_end_backward(completed_, swept_);
     for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
@@ -126,7 +126,7 @@ class engine {
     ZSHARD_REQUIRE(open_scopes_ == 0, error_kind::usage, "step() with module scopes still open");
     tracker_.on_step();
     ZSHARD_REQUIRE(micro_batches_ > 0, error_kind::usage, "step() without a backward since the last step",
-            "run at least one forward/begin_backward/backward/end_backward before step()");
+                   "run at least one forward/begin_backward/backward/end_backward before step()");
     step_report r;
     r.micro_batches = micro_batches_;
     r.swept = std::move(swept_);
@@ -159,8 +159,10 @@ class engine {
   void report_activations(std::size_t bytes) {
     rethrow_if_broken();
     memory_ledger& l = backend_.ledger();
-    if (bytes > activation_bytes_) l.charge(mem_category::activations, bytes - activation_bytes_);
-    else l.release(mem_category::activations, activation_bytes_ - bytes);
+    if (bytes > activation_bytes_)
+      l.charge(mem_category::activations, bytes - activation_bytes_);
+    else
+      l.release(mem_category::activations, activation_bytes_ - bytes);
     activation_bytes_ = bytes;
   }
 
@@ -219,8 +221,10 @@ class engine {
     c.validate();
     c.log = [sink = std::move(c.log), rank](const std::string& line) {
       const std::string tagged = "rank " + std::to_string(rank) + ": " + line;
-      if (sink) sink(tagged);
-      else std::cerr << "zshard: " << tagged << '\n';
+      if (sink)
+        sink(tagged);
+      else
+        std::cerr << "zshard: " << tagged << '\n';
     };
     return c;
   }
@@ -248,19 +252,20 @@ class engine {
       backend_.synchronize(stream_);
       for (std::size_t r = 0; r < world; ++r)
         ZSHARD_REQUIRE(all[r] == fp, error_kind::config,
-                "rank " + std::to_string(comm_.rank()) + " and rank " + std::to_string(r) +
-                    " registered different models or partition settings",
-                "build the same model_spec and engine_config on every rank");
+                       "rank " + std::to_string(comm_.rank()) + " and rank " + std::to_string(r) +
+                           " registered different models or partition settings",
+                       "build the same model_spec and engine_config on every rank");
     }
   }
 
   void check_module_sizes() const {
     for (module_id m = 0; m < spec_.modules().size(); ++m) {
       const std::size_t n = module_gathered_numel(m);
-      ZSHARD_REQUIRE(n <= cfg_.prefetch.max_live_numel || cfg_.prefetch.allow_oversized_module, error_kind::config,
-              "module '" + spec_.module(m).name + "' needs " + std::to_string(n) +
-                  " gathered elements, more than max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
-              "raise max_live_numel, split the module, or set allow_oversized_module");
+      ZSHARD_REQUIRE(
+          n <= cfg_.prefetch.max_live_numel || cfg_.prefetch.allow_oversized_module, error_kind::config,
+          "module '" + spec_.module(m).name + "' needs " + std::to_string(n) +
+              " gathered elements, more than max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
+          "raise max_live_numel, split the module, or set allow_oversized_module");
     }
   }
 
@@ -295,15 +300,18 @@ class engine {
   void enter_scope(module_id m, use_kind kind, bool is_backward) {
     rethrow_if_broken();
     ZSHARD_REQUIRE(m < spec_.modules().size(), error_kind::usage, "module id " + std::to_string(m) + " does not exist");
-    if (is_backward) tracker_.on_backward(m);
-    else tracker_.on_forward(m, kind);
+    if (is_backward)
+      tracker_.on_backward(m);
+    else
+      tracker_.on_forward(m, kind);
     ahead_.clear();
     prefetcher_.on_scope_enter(m, kind, ahead_);
     make_room(m);
     for (param_id p : spec_.module(m).params) pin(p);
     check_live_budget(m);
     for (param_id q : ahead_)
-      if (!store_[q].is_gathered() && store_.resident_numel() + layouts_[q].padded_numel <= cfg_.prefetch.max_live_numel)
+      if (!store_[q].is_gathered() &&
+          store_.resident_numel() + layouts_[q].padded_numel <= cfg_.prefetch.max_live_numel)
         gather(q);
     if (is_backward) {
       for (param_id p : spec_.module(m).params) {
@@ -339,17 +347,19 @@ class engine {
   const_view param_view(module_id m, std::size_t k) const {
     const auto& params = spec_.module(m).params;
     ZSHARD_REQUIRE(k < params.size(), error_kind::usage,
-            "module '" + spec_.module(m).name + "' has " + std::to_string(params.size()) + " parameters, asked for #" +
-                std::to_string(k));
+                   "module '" + spec_.module(m).name + "' has " + std::to_string(params.size()) +
+                       " parameters, asked for #" + std::to_string(k));
     const auto& s = store_[params[k]];
     return {s.full_data(), s.type, s.spec->shape};
   }
 
   mutable_view grad_view(module_id m, std::size_t k) const {
     const auto& params = spec_.module(m).params;
-    ZSHARD_REQUIRE(k < params.size(), error_kind::usage, "parameter index out of range in module '" + spec_.module(m).name + "'");
+    ZSHARD_REQUIRE(k < params.size(), error_kind::usage,
+                   "parameter index out of range in module '" + spec_.module(m).name + "'");
     const auto& s = store_[params[k]];
-    ZSHARD_REQUIRE(s.spec->trainable, error_kind::usage, "parameter '" + s.spec->name + "' is frozen and has no gradient");
+    ZSHARD_REQUIRE(s.spec->trainable, error_kind::usage,
+                   "parameter '" + s.spec->name + "' is frozen and has no gradient");
     return {s.full_grad.data(), dtype::f32, s.spec->shape};
   }
 
@@ -426,9 +436,9 @@ class engine {
     if (resident <= cfg_.prefetch.max_live_numel) return;
     const bool alone = cfg_.prefetch.allow_oversized_module && resident == module_gathered_numel(m);
     ZSHARD_REQUIRE(alone, error_kind::budget,
-            "gathering module '" + spec_.module(m).name + "' makes " + std::to_string(resident) +
-                " elements resident, above max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
-            "close enclosing scopes sooner, or raise max_live_numel");
+                   "gathering module '" + spec_.module(m).name + "' makes " + std::to_string(resident) +
+                       " elements resident, above max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
+                   "close enclosing scopes sooner, or raise max_live_numel");
   }
 
   // ---- step helpers --------------------------------------------------------------------------

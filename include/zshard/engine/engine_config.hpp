@@ -50,8 +50,10 @@ struct engine_config {
   std::function<void(const std::string&)> log{};
 
   void say(const std::string& line) const {
-    if (log) log(line);
-    else std::cerr << "zshard: " << line << '\n';
+    if (log)
+      log(line);
+    else
+      std::cerr << "zshard: " << line << '\n';
   }
 
   void validate() const {

@@ -50,9 +50,9 @@ class model_spec {
   param_id add_param(const std::string& name, zshard::shape s, param_options opt = {}) {
     ZSHARD_REQUIRE(!name.empty(), error_kind::config, "a parameter needs a name");
     ZSHARD_REQUIRE(s.numel() > 0, error_kind::config, "parameter '" + name + "' has no elements",
-            "give every parameter a non-empty shape");
+                   "give every parameter a non-empty shape");
     ZSHARD_REQUIRE(!param_index_.contains(name), error_kind::config, "parameter '" + name + "' is registered twice",
-            "register each parameter once and list its id in every module that uses it (shared weights)");
+                   "register each parameter once and list its id in every module that uses it (shared weights)");
     if (!opt.init) opt.init = init::normal(0.0f, 0.02f, hash_name(name));
     const auto id = static_cast<param_id>(params_.size());
     params_.push_back({name, s, opt.type, opt.trainable, opt.decay, std::move(opt.init)});
@@ -65,10 +65,10 @@ class model_spec {
     ZSHARD_REQUIRE(!module_index_.contains(name), error_kind::config, "module '" + name + "' is registered twice");
     for (std::size_t i = 0; i < params.size(); ++i) {
       ZSHARD_REQUIRE(params[i] < params_.size(), error_kind::config,
-              "module '" + name + "' names parameter id " + std::to_string(params[i]) + " which does not exist");
+                     "module '" + name + "' names parameter id " + std::to_string(params[i]) + " which does not exist");
       for (std::size_t j = 0; j < i; ++j)
         ZSHARD_REQUIRE(params[i] != params[j], error_kind::config,
-                "module '" + name + "' lists parameter '" + params_[params[i]].name + "' twice");
+                       "module '" + name + "' lists parameter '" + params_[params[i]].name + "' twice");
     }
     const auto id = static_cast<module_id>(modules_.size());
     modules_.push_back({name, std::move(params)});
@@ -107,7 +107,7 @@ class model_spec {
       for (param_id p : m.params) used[p] = true;
     for (std::size_t p = 0; p < params_.size(); ++p)
       ZSHARD_REQUIRE(used[p], error_kind::config, "parameter '" + params_[p].name + "' is used by no module",
-              "list it in the module(s) that use it, or do not register it");
+                     "list it in the module(s) that use it, or do not register it");
   }
 
   // A hash of everything that must agree across ranks: names, shapes, dtypes, flags, module

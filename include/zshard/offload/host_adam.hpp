@@ -109,8 +109,10 @@ class host_adam_impl {
                                              std::to_string(n) + " elements, its shard " + std::to_string(ps.numel));
     const bool first = !ps.has_grad;
     ps.has_grad = true;
-    if constexpr (in_place) accumulate_in_place(ps, g, first);
-    else if constexpr (holds_storage) stream_from_device(ps, g, first);
+    if constexpr (in_place)
+      accumulate_in_place(ps, g, first);
+    else if constexpr (holds_storage)
+      stream_from_device(ps, g, first);
   }
 
   // Over the gradients this rank owns; the sums were taken as the gradients arrived.
@@ -119,7 +121,7 @@ class host_adam_impl {
     grad_stats total;
     for (param_id p = 0; p < params_.size(); ++p) {
       const auto& ps = params_[p];
-      if (!ps.has_grad) continue;  // no gradient arrived: it is zero
+      if (!ps.has_grad) continue;                                      // no gradient arrived: it is zero
       if (store_[p].layout.replicated && comm_.rank() != 0) continue;  // count replicated values once
       for (std::size_t k = 0; k < ps.tile_count; ++k) total += tile_stats_[ps.first_tile + k];
     }
@@ -135,8 +137,10 @@ class host_adam_impl {
     if constexpr (holds_storage) {
       for (const auto& ps : params_)  // AdamW still decays and moves with a zero gradient
         if (ps.trainable && !ps.has_grad) std::memset(f32(grad_) + ps.offset, 0, ps.numel * sizeof(float));
-      if constexpr (in_place) update_in_place();
-      else update_through_staging();
+      if constexpr (in_place)
+        update_in_place();
+      else
+        update_through_staging();
     }
     clear_grads();
   }
@@ -169,8 +173,8 @@ class host_adam_impl {
   };
   struct tile {
     param_id p;
-    std::size_t offset;        // in the flat host arrays
-    std::size_t local;         // in p's shard
+    std::size_t offset;  // in the flat host arrays
+    std::size_t local;   // in p's shard
     std::size_t len;
     std::size_t staging_byte;  // where its working values go in a staging half (device backends)
   };
@@ -200,8 +204,10 @@ class host_adam_impl {
   static float* f32(const buffer<resource_type>& b) noexcept { return b.template as<float>(); }
 
   resource_type& pick_memory() noexcept {
-    if constexpr (has_pinned_memory<Backend>) return store_.backend().pinned();
-    else return own_memory_;
+    if constexpr (has_pinned_memory<Backend>)
+      return store_.backend().pinned();
+    else
+      return own_memory_;
   }
 
   static offload_config validated(const offload_config& oc) {
@@ -242,7 +248,8 @@ class host_adam_impl {
     for (std::size_t i = 0; i < tiles_.size();) {
       round r{i, i, segments_.size(), segments_.size()};
       const std::size_t base = tiles_[i].offset;
-      while (r.tile_end < tiles_.size() && tiles_[r.tile_end].offset + tiles_[r.tile_end].len - base <= staging_numel_) {
+      while (r.tile_end < tiles_.size() &&
+             tiles_[r.tile_end].offset + tiles_[r.tile_end].len - base <= staging_numel_) {
         tile& t = tiles_[r.tile_end];
         const std::size_t w = size_of(store_[t.p].type);
         if (r.segment_end == r.segment_begin || segments_.back().p != t.p)
@@ -260,7 +267,8 @@ class host_adam_impl {
 
   // dst (+)= src over one tile, then the tile's sum of squares and Inf/NaN flag while it is in cache.
   static void accumulate_tile(float* dst, const float* src, std::size_t n, bool first, grad_stats& out) noexcept {
-    if (first) std::memcpy(dst, src, n * sizeof(float));
+    if (first)
+      std::memcpy(dst, src, n * sizeof(float));
     else
       for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
     optim::norm_accumulator acc;
@@ -284,7 +292,8 @@ class host_adam_impl {
     for (std::size_t k = 0; k < ps.tile_count;) {
       const std::size_t base = tiles_[ps.first_tile + k].local;
       std::size_t e = k;
-      while (e < ps.tile_count && tiles_[ps.first_tile + e].local + tiles_[ps.first_tile + e].len - base <= staging_numel_)
+      while (e < ps.tile_count &&
+             tiles_[ps.first_tile + e].local + tiles_[ps.first_tile + e].len - base <= staging_numel_)
         ++e;
       const tile& last = tiles_[ps.first_tile + e - 1];
       float* half = f32(staging_) + next_half_ * staging_numel_;

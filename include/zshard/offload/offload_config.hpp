@@ -32,14 +32,14 @@ struct offload_config {
 
   void validate() const {
     ZSHARD_REQUIRE(host_threads >= 0, error_kind::config,
-            "offload_config.host_threads = " + std::to_string(host_threads) + " is negative",
-            "use 0 for one thread per hardware thread, or a positive count");
+                   "offload_config.host_threads = " + std::to_string(host_threads) + " is negative",
+                   "use 0 for one thread per hardware thread, or a positive count");
     ZSHARD_REQUIRE(host_tile_numel > 0, error_kind::config, "offload_config.host_tile_numel must be positive",
-            "use a tile of a few ten thousand elements, e.g. 65536");
+                   "use a tile of a few ten thousand elements, e.g. 65536");
     ZSHARD_REQUIRE(host_staging_numel >= host_tile_numel, error_kind::config,
-            "offload_config.host_staging_numel = " + std::to_string(host_staging_numel) +
-                " is smaller than host_tile_numel = " + std::to_string(host_tile_numel),
-            "a staging half must hold at least one tile; use a few million elements");
+                   "offload_config.host_staging_numel = " + std::to_string(host_staging_numel) +
+                       " is smaller than host_tile_numel = " + std::to_string(host_tile_numel),
+                   "a staging half must hold at least one tile; use a few million elements");
   }
 };
 
@@ -47,8 +47,12 @@ struct offload_config {
 // the defaults.
 template <class Config>
 offload_config offload_config_of(const Config& cfg) {
-  if constexpr (requires { { cfg.offload } -> std::convertible_to<offload_config>; }) return cfg.offload;
-  else return offload_config{};
+  if constexpr (requires {
+                  { cfg.offload } -> std::convertible_to<offload_config>;
+                })
+    return cfg.offload;
+  else
+    return offload_config{};
 }
 
 }  // namespace zshard

@@ -32,20 +32,20 @@ struct adamw_config {
 
   void validate() const {
     ZSHARD_REQUIRE(std::isfinite(lr) && lr > 0.0f, error_kind::config,
-            "adamw_config.lr = " + std::to_string(lr) + " must be finite and > 0",
-            "set lr to a positive learning rate such as 1e-4");
+                   "adamw_config.lr = " + std::to_string(lr) + " must be finite and > 0",
+                   "set lr to a positive learning rate such as 1e-4");
     ZSHARD_REQUIRE(beta1 >= 0.0f && beta1 < 1.0f, error_kind::config,
-            "adamw_config.beta1 = " + std::to_string(beta1) + " must lie in [0, 1)",
-            "use a momentum decay such as 0.9");
+                   "adamw_config.beta1 = " + std::to_string(beta1) + " must lie in [0, 1)",
+                   "use a momentum decay such as 0.9");
     ZSHARD_REQUIRE(beta2 >= 0.0f && beta2 < 1.0f, error_kind::config,
-            "adamw_config.beta2 = " + std::to_string(beta2) + " must lie in [0, 1)",
-            "use a second-moment decay such as 0.999 or 0.95");
+                   "adamw_config.beta2 = " + std::to_string(beta2) + " must lie in [0, 1)",
+                   "use a second-moment decay such as 0.999 or 0.95");
     ZSHARD_REQUIRE(std::isfinite(eps) && eps > 0.0f, error_kind::config,
-            "adamw_config.eps = " + std::to_string(eps) + " must be finite and > 0",
-            "use a small positive value such as 1e-8; zero divides by zero for unused parameters");
+                   "adamw_config.eps = " + std::to_string(eps) + " must be finite and > 0",
+                   "use a small positive value such as 1e-8; zero divides by zero for unused parameters");
     ZSHARD_REQUIRE(std::isfinite(weight_decay) && weight_decay >= 0.0f, error_kind::config,
-            "adamw_config.weight_decay = " + std::to_string(weight_decay) + " must be finite and >= 0",
-            "use 0 to turn decay off, or a value such as 0.01 or 0.1");
+                   "adamw_config.weight_decay = " + std::to_string(weight_decay) + " must be finite and >= 0",
+                   "use 0 to turn decay off, or a value such as 0.01 or 0.1");
   }
 };
 
@@ -66,10 +66,10 @@ struct adamw_step {
 inline adamw_step make_adamw_step(const adamw_config& cfg, std::int64_t step, float grad_scale, bool decay) {
   cfg.validate();
   ZSHARD_REQUIRE(step >= 1, error_kind::usage, "AdamW step " + std::to_string(step) + " is not 1-based",
-          "count optimizer steps from 1; step 0 would divide by a zero bias correction");
+                 "count optimizer steps from 1; step 0 would divide by a zero bias correction");
   ZSHARD_REQUIRE(std::isfinite(grad_scale) && grad_scale >= 0.0f, error_kind::usage,
-          "AdamW grad_scale = " + std::to_string(grad_scale) + " must be finite and >= 0",
-          "skip the step when gradients overflowed instead of passing a non-finite scale");
+                 "AdamW grad_scale = " + std::to_string(grad_scale) + " must be finite and >= 0",
+                 "skip the step when gradients overflowed instead of passing a non-finite scale");
   // Bias corrections in double: 1 - beta^t loses digits in float when beta^t is close to 1.
   const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
@@ -87,9 +87,12 @@ namespace detail {
 
 template <class W>
 inline W from_master(float p) noexcept {
-  if constexpr (std::is_same_v<W, float>) return p;
-  else if constexpr (std::is_same_v<W, bf16>) return to_bf16(p);
-  else return to_f16(p);
+  if constexpr (std::is_same_v<W, float>)
+    return p;
+  else if constexpr (std::is_same_v<W, bf16>)
+    return to_bf16(p);
+  else
+    return to_f16(p);
 }
 
 // One instantiation per working dtype (W = void: no write-back) keeps the loop body free of
@@ -129,9 +132,12 @@ inline void adamw_update_scalar(const adamw_step& s, float* master, float* m, fl
                                 std::size_t n, void* working_out, dtype working_type) noexcept {
   if (working_out == nullptr) return detail::adamw_loop<void>(s, master, m, v, grad, n, nullptr);
   switch (working_type) {
-    case dtype::f32: return detail::adamw_loop(s, master, m, v, grad, n, static_cast<float*>(working_out));
-    case dtype::bf16: return detail::adamw_loop(s, master, m, v, grad, n, static_cast<bf16*>(working_out));
-    case dtype::f16: return detail::adamw_loop(s, master, m, v, grad, n, static_cast<f16*>(working_out));
+    case dtype::f32:
+      return detail::adamw_loop(s, master, m, v, grad, n, static_cast<float*>(working_out));
+    case dtype::bf16:
+      return detail::adamw_loop(s, master, m, v, grad, n, static_cast<bf16*>(working_out));
+    case dtype::f16:
+      return detail::adamw_loop(s, master, m, v, grad, n, static_cast<f16*>(working_out));
   }
 }
 

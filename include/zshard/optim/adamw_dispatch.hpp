@@ -31,17 +31,20 @@ constexpr std::size_t round_up_to_granule(std::size_t n) noexcept {
 
 namespace detail {
 template <class W>
-void adamw_on(simd_path path, const adamw_step& s, float* master, float* m, float* v, const float* grad,
-              std::size_t n, W* out) noexcept {
+void adamw_on(simd_path path, const adamw_step& s, float* master, float* m, float* v, const float* grad, std::size_t n,
+              W* out) noexcept {
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
   switch (path) {
     case simd_path::avx512_bf16:
       if constexpr (std::is_same_v<W, bf16>) return avx512::adamw_update_bf16_native(s, master, m, v, grad, n, out);
       [[fallthrough]];
-    case simd_path::avx512: return avx512::adamw_update(s, master, m, v, grad, n, out);
-    case simd_path::avx2: return avx2::adamw_update(s, master, m, v, grad, n, out);
+    case simd_path::avx512:
+      return avx512::adamw_update(s, master, m, v, grad, n, out);
+    case simd_path::avx2:
+      return avx2::adamw_update(s, master, m, v, grad, n, out);
     case simd_path::automatic:
-    case simd_path::scalar: break;
+    case simd_path::scalar:
+      break;
   }
 #else
   (void)path;
@@ -56,10 +59,13 @@ void convert_on(simd_path path, const float* src, W* dst, std::size_t n) noexcep
     case simd_path::avx512_bf16:
       if constexpr (std::is_same_v<W, bf16>) return avx512::convert_bf16_native(src, dst, n);
       [[fallthrough]];
-    case simd_path::avx512: return avx512::convert(src, dst, n);
-    case simd_path::avx2: return avx2::convert(src, dst, n);
+    case simd_path::avx512:
+      return avx512::convert(src, dst, n);
+    case simd_path::avx2:
+      return avx2::convert(src, dst, n);
     case simd_path::automatic:
-    case simd_path::scalar: break;
+    case simd_path::scalar:
+      break;
   }
 #else
   (void)path;
@@ -74,18 +80,24 @@ inline void adamw_update_on(simd_path path, const adamw_step& s, float* master, 
                             std::size_t n, void* working_out, dtype working_type) noexcept {
   if (working_out == nullptr) return detail::adamw_on<void>(path, s, master, m, v, grad, n, nullptr);
   switch (working_type) {
-    case dtype::f32: return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<float*>(working_out));
-    case dtype::bf16: return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<bf16*>(working_out));
-    case dtype::f16: return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<f16*>(working_out));
+    case dtype::f32:
+      return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<float*>(working_out));
+    case dtype::bf16:
+      return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<bf16*>(working_out));
+    case dtype::f16:
+      return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<f16*>(working_out));
   }
 }
 
 // f32 -> working_type over n elements on `path`, rounding as the fused kernels do.
 inline void convert_on(simd_path path, const float* src, void* dst, dtype dst_type, std::size_t n) noexcept {
   switch (dst_type) {
-    case dtype::f32: return detail::convert_on(path, src, static_cast<float*>(dst), n);
-    case dtype::bf16: return detail::convert_on(path, src, static_cast<bf16*>(dst), n);
-    case dtype::f16: return detail::convert_on(path, src, static_cast<f16*>(dst), n);
+    case dtype::f32:
+      return detail::convert_on(path, src, static_cast<float*>(dst), n);
+    case dtype::bf16:
+      return detail::convert_on(path, src, static_cast<bf16*>(dst), n);
+    case dtype::f16:
+      return detail::convert_on(path, src, static_cast<f16*>(dst), n);
   }
 }
 
@@ -130,7 +142,7 @@ class host_adamw {
  private:
   static std::size_t checked_tile(std::size_t n) {
     ZSHARD_REQUIRE(n > 0, error_kind::config, "host AdamW tile size must be positive",
-            "use a tile of a few ten thousand elements, e.g. 65536");
+                   "use a tile of a few ten thousand elements, e.g. 65536");
     return round_up_to_granule(n);
   }
   std::size_t tiles(std::size_t n) const noexcept { return (n + tile_ - 1) / tile_; }

@@ -28,11 +28,16 @@ enum class simd_path : std::uint8_t {
 
 constexpr std::string_view to_string(simd_path p) noexcept {
   switch (p) {
-    case simd_path::automatic: return "automatic";
-    case simd_path::scalar: return "scalar";
-    case simd_path::avx2: return "avx2";
-    case simd_path::avx512: return "avx512";
-    case simd_path::avx512_bf16: return "avx512_bf16";
+    case simd_path::automatic:
+      return "automatic";
+    case simd_path::scalar:
+      return "scalar";
+    case simd_path::avx2:
+      return "avx2";
+    case simd_path::avx512:
+      return "avx512";
+    case simd_path::avx512_bf16:
+      return "avx512_bf16";
   }
   return "?";
 }
@@ -90,10 +95,14 @@ inline bool path_supported(simd_path p, const cpu_features& f = host_cpu()) noex
   const bool x86 = simd_paths_compiled();
   switch (p) {
     case simd_path::automatic:
-    case simd_path::scalar: return true;
-    case simd_path::avx2: return x86 && f.avx2 && f.f16c;
-    case simd_path::avx512: return x86 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
-    case simd_path::avx512_bf16: return path_supported(simd_path::avx512, f) && f.avx512_bf16;
+    case simd_path::scalar:
+      return true;
+    case simd_path::avx2:
+      return x86 && f.avx2 && f.f16c;
+    case simd_path::avx512:
+      return x86 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+    case simd_path::avx512_bf16:
+      return path_supported(simd_path::avx512, f) && f.avx512_bf16;
   }
   return false;
 }
@@ -110,8 +119,8 @@ inline simd_path best_path(const cpu_features& f = host_cpu()) noexcept {
 inline simd_path resolve(simd_path requested) {
   if (requested == simd_path::automatic) return best_path();
   ZSHARD_REQUIRE(path_supported(requested), error_kind::config,
-          "the host AdamW path " + std::string(to_string(requested)) + " is not supported by this CPU",
-          "use simd_path::automatic, or force a path that path_supported() accepts");
+                 "the host AdamW path " + std::string(to_string(requested)) + " is not supported by this CPU",
+                 "use simd_path::automatic, or force a path that path_supported() accepts");
   return requested;
 }
 

@@ -21,8 +21,8 @@ namespace zshard::optim {
 inline double clip_coefficient(double global_norm, double max_norm) {
   if (!(max_norm > 0.0)) return 1.0;
   ZSHARD_REQUIRE(!(global_norm < 0.0), error_kind::usage,
-          "clip_coefficient got a negative global norm " + std::to_string(global_norm),
-          "pass sqrt of the all-reduced sum of squares, not the sum of per-rank norms or a difference");
+                 "clip_coefficient got a negative global norm " + std::to_string(global_norm),
+                 "pass sqrt of the all-reduced sum of squares, not the sum of per-rank norms or a difference");
   if (std::isnan(global_norm)) return std::numeric_limits<double>::quiet_NaN();
   const double coef = max_norm / (global_norm + 1e-6);
   return coef < 1.0 ? coef : 1.0;

@@ -27,21 +27,21 @@ struct loss_scale_config {
 
   void validate() const {
     ZSHARD_REQUIRE(std::isfinite(min_scale) && min_scale > 0.0f, error_kind::config,
-            "loss_scale_config.min_scale = " + std::to_string(min_scale) + " must be finite and > 0",
-            "use 1, or a smaller positive value to let the scale shrink further");
+                   "loss_scale_config.min_scale = " + std::to_string(min_scale) + " must be finite and > 0",
+                   "use 1, or a smaller positive value to let the scale shrink further");
     ZSHARD_REQUIRE(std::isfinite(initial_scale) && initial_scale >= min_scale, error_kind::config,
-            "loss_scale_config.initial_scale = " + std::to_string(initial_scale) +
-                " must be finite and >= min_scale = " + std::to_string(min_scale),
-            "use a power of two such as 65536 (2^16)");
+                   "loss_scale_config.initial_scale = " + std::to_string(initial_scale) +
+                       " must be finite and >= min_scale = " + std::to_string(min_scale),
+                   "use a power of two such as 65536 (2^16)");
     ZSHARD_REQUIRE(std::isfinite(growth_factor) && growth_factor > 1.0f, error_kind::config,
-            "loss_scale_config.growth_factor = " + std::to_string(growth_factor) + " must be finite and > 1",
-            "use 2; a power of two keeps scaling exact");
+                   "loss_scale_config.growth_factor = " + std::to_string(growth_factor) + " must be finite and > 1",
+                   "use 2; a power of two keeps scaling exact");
     ZSHARD_REQUIRE(backoff_factor > 0.0f && backoff_factor < 1.0f, error_kind::config,
-            "loss_scale_config.backoff_factor = " + std::to_string(backoff_factor) + " must lie in (0, 1)",
-            "use 0.5; a power of two keeps scaling exact");
+                   "loss_scale_config.backoff_factor = " + std::to_string(backoff_factor) + " must lie in (0, 1)",
+                   "use 0.5; a power of two keeps scaling exact");
     ZSHARD_REQUIRE(growth_interval >= 1, error_kind::config,
-            "loss_scale_config.growth_interval = " + std::to_string(growth_interval) + " must be >= 1",
-            "use a number of steps such as 2000");
+                   "loss_scale_config.growth_interval = " + std::to_string(growth_interval) + " must be >= 1",
+                   "use a number of steps such as 2000");
   }
 };
 
@@ -101,11 +101,11 @@ class loss_scaler {
 
   void restore(const loss_scaler_state& s) {
     ZSHARD_REQUIRE(std::isfinite(s.scale) && s.scale > 0.0f, error_kind::config,
-            "loss scaler state has scale " + std::to_string(s.scale) + ", which is not finite and > 0",
-            "the checkpoint is corrupt or from another format; restart loss scaling from the config");
+                   "loss scaler state has scale " + std::to_string(s.scale) + ", which is not finite and > 0",
+                   "the checkpoint is corrupt or from another format; restart loss scaling from the config");
     ZSHARD_REQUIRE(s.skipped_steps >= 0 && s.overflows_at_min_scale >= 0 && s.good_steps_in_row >= 0,
-            error_kind::config, "loss scaler state has a negative counter",
-            "the checkpoint is corrupt or from another format; restart loss scaling from the config");
+                   error_kind::config, "loss scaler state has a negative counter",
+                   "the checkpoint is corrupt or from another format; restart loss scaling from the config");
     scale_ = cfg_.enabled ? s.scale : 1.0f;
     skipped_ = s.skipped_steps;
     overflows_at_min_ = s.overflows_at_min_scale;

@@ -37,9 +37,9 @@ struct transformer_shape {
   std::int64_t hidden = 0;
   std::int64_t intermediate = 0;  // MLP (SwiGLU) width
   int heads = 0;
-  int kv_heads = 0;               // grouped-query attention: K and V have kv_heads heads
+  int kv_heads = 0;  // grouped-query attention: K and V have kv_heads heads
   std::int64_t vocab = 0;
-  bool tied_embeddings = false;   // the head reuses the embedding matrix
+  bool tied_embeddings = false;  // the head reuses the embedding matrix
 
   std::int64_t head_dim() const noexcept { return heads > 0 ? hidden / heads : 0; }
   std::int64_t kv_dim() const noexcept { return kv_heads * head_dim(); }
@@ -54,9 +54,10 @@ struct transformer_shape {
   void validate() const {
     const std::string who = "transformer shape '" + name + "': ";
     ZSHARD_REQUIRE(layers >= 1 && hidden >= 1 && intermediate >= 1 && vocab >= 1, error_kind::config,
-            who + "layers, hidden, intermediate and vocab must be positive");
+                   who + "layers, hidden, intermediate and vocab must be positive");
     ZSHARD_REQUIRE(heads >= 1 && hidden % heads == 0, error_kind::config, who + "hidden must be a multiple of heads");
-    ZSHARD_REQUIRE(kv_heads >= 1 && heads % kv_heads == 0, error_kind::config, who + "heads must be a multiple of kv_heads");
+    ZSHARD_REQUIRE(kv_heads >= 1 && heads % kv_heads == 0, error_kind::config,
+                   who + "heads must be a multiple of kv_heads");
   }
 };
 
@@ -117,17 +118,19 @@ struct activation_options {
   std::int64_t seq_len = 4096;   // tokens per sequence (s)
   bool checkpoint = true;        // activation checkpointing per block
   dtype activation_type = dtype::bf16;
-  int micro_batches = 1;         // per optimizer step (gradient accumulation)
+  int micro_batches = 1;  // per optimizer step (gradient accumulation)
 };
 
 // Activation bytes of one layer for its backward: 17·s·b·h·e (34·s·b·h in 16-bit; see above).
 inline std::size_t layer_activation_bytes(const transformer_shape& shape, const activation_options& o) {
-  return 17 * std::size_t(o.seq_len) * std::size_t(o.micro_batch) * std::size_t(shape.hidden) * size_of(o.activation_type);
+  return 17 * std::size_t(o.seq_len) * std::size_t(o.micro_batch) * std::size_t(shape.hidden) *
+         size_of(o.activation_type);
 }
 
 // The schedule of a step with the activation model above.
 inline step_schedule transformer_schedule(const transformer_model& m, const activation_options& o) {
-  ZSHARD_REQUIRE(o.micro_batch >= 1 && o.seq_len >= 1, error_kind::config, "micro-batch and sequence length must be positive");
+  ZSHARD_REQUIRE(o.micro_batch >= 1 && o.seq_len >= 1, error_kind::config,
+                 "micro-batch and sequence length must be positive");
   const std::size_t tokens = std::size_t(o.seq_len) * std::size_t(o.micro_batch);
   const std::size_t hidden_act = tokens * std::size_t(m.shape.hidden) * size_of(o.activation_type);
   const std::size_t layer = layer_activation_bytes(m.shape, o);
@@ -135,8 +138,10 @@ inline step_schedule transformer_schedule(const transformer_model& m, const acti
   s.micro_batches = o.micro_batches;
   s.modules.push_back({m.embed, tokens * 4, 0, false});
   for (module_id b : m.blocks) {
-    if (o.checkpoint) s.modules.push_back({b, hidden_act, layer - hidden_act, true});
-    else s.modules.push_back({b, layer, 0, false});
+    if (o.checkpoint)
+      s.modules.push_back({b, hidden_act, layer - hidden_act, true});
+    else
+      s.modules.push_back({b, layer, 0, false});
   }
   s.modules.push_back({m.head, 2 * hidden_act + tokens * std::size_t(m.shape.vocab) * 4, 0, false});
   return s;

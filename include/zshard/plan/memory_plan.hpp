@@ -58,8 +58,8 @@
 
 namespace zshard::plan {
 
-enum class optimizer_location { device, host };  // offload::on_device / offload::host_adam
-enum class prefetch_policy { on_demand, trace };   // prefetch::on_demand / prefetch::trace (default)
+enum class optimizer_location { device, host };   // offload::on_device / offload::host_adam
+enum class prefetch_policy { on_demand, trace };  // prefetch::on_demand / prefetch::trace (default)
 
 struct plan_options {
   optimizer_location optimizer = optimizer_location::device;
@@ -87,8 +87,8 @@ struct ledger_plan {
 
 struct memory_plan {
   int world = 1;
-  ledger_plan device;  // the backend's ledger
-  ledger_plan host;    // host_adam's ledger (offloaded state); empty with the optimizer on device
+  ledger_plan device;                  // the backend's ledger
+  ledger_plan host;                    // host_adam's ledger (offloaded state); empty with the optimizer on device
   std::size_t max_gathered_numel = 0;  // resident gathered elements at most (the I5 figure)
   bool fits(std::size_t device_bytes) const noexcept { return device.total_peak <= device_bytes; }
 };
@@ -104,11 +104,11 @@ class plan_walk {
     for (module_id m = 0; m < spec.modules().size(); ++m) {
       for (param_id p : spec.module(m).params)
         if (!layouts_[p].replicated) module_numel_[m] += layouts_[p].padded_numel;
-      ZSHARD_REQUIRE(module_numel_[m] <= cfg.prefetch.max_live_numel || cfg.prefetch.allow_oversized_module,
-              error_kind::config,
-              "module '" + spec.module(m).name + "' needs " + std::to_string(module_numel_[m]) +
-                  " gathered elements, more than max_live_numel = " + std::to_string(cfg.prefetch.max_live_numel),
-              "raise max_live_numel, split the module, or set allow_oversized_module");
+      ZSHARD_REQUIRE(
+          module_numel_[m] <= cfg.prefetch.max_live_numel || cfg.prefetch.allow_oversized_module, error_kind::config,
+          "module '" + spec.module(m).name + "' needs " + std::to_string(module_numel_[m]) +
+              " gathered elements, more than max_live_numel = " + std::to_string(cfg.prefetch.max_live_numel),
+          "raise max_live_numel, split the module, or set allow_oversized_module");
     }
     build_trace();
     full_grad_.assign(spec.params().size(), false);
@@ -329,8 +329,10 @@ class plan_walk {
   }
   void set(mem_category c, std::size_t bytes) {
     const std::size_t now = ledger_.current(c);
-    if (bytes > now) charge(c, bytes - now);
-    else ledger_.release(c, now - bytes);
+    if (bytes > now)
+      charge(c, bytes - now);
+    else
+      ledger_.release(c, now - bytes);
   }
 
   ledger_plan result(const std::string& name) const {
@@ -379,8 +381,8 @@ class plan_walk {
   std::vector<std::size_t> seen_;                  // last scope whose window counted a parameter
   std::vector<param_id> ahead_;
   std::vector<bool> full_grad_;
-  std::vector<std::int64_t> uses_;                 // counted uses whose backward has not run
-  std::vector<std::size_t> stamp_;                 // last scope a parameter was counted in
+  std::vector<std::int64_t> uses_;  // counted uses whose backward has not run
+  std::vector<std::size_t> stamp_;  // last scope a parameter was counted in
   std::vector<param_id> pending_;
   std::size_t pending_numel_ = 0;
   std::size_t activations_ = 0;

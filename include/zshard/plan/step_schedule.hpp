@@ -37,17 +37,17 @@ struct step_schedule {
   void validate(const model_spec& spec) const {
     ZSHARD_REQUIRE(!modules.empty(), error_kind::config, "the step schedule runs no module");
     ZSHARD_REQUIRE(micro_batches >= 1, error_kind::config,
-            "micro_batches must be at least 1, got " + std::to_string(micro_batches));
+                   "micro_batches must be at least 1, got " + std::to_string(micro_batches));
     std::vector<bool> seen(spec.modules().size(), false);
     for (const auto& s : modules) {
       ZSHARD_REQUIRE(s.module < spec.modules().size(), error_kind::config,
-              "the step schedule names module id " + std::to_string(s.module) + " which does not exist");
+                     "the step schedule names module id " + std::to_string(s.module) + " which does not exist");
       ZSHARD_REQUIRE(!seen[s.module], error_kind::config,
-              "the step schedule runs module '" + spec.module(s.module).name + "' twice",
-              "a module used several times per step is not a sequential schedule; plan it by hand");
+                     "the step schedule runs module '" + spec.module(s.module).name + "' twice",
+                     "a module used several times per step is not a sequential schedule; plan it by hand");
       seen[s.module] = true;
       ZSHARD_REQUIRE(s.recomputed || s.recompute_bytes == 0, error_kind::config,
-              "module '" + spec.module(s.module).name + "' has recompute_bytes but is not recomputed");
+                     "module '" + spec.module(s.module).name + "' has recompute_bytes but is not recomputed");
     }
   }
 

@@ -25,15 +25,15 @@ class use_counter {
   bool on_forward(module_id m, use_kind kind) {
     if (kind == use_kind::recompute) {
       ZSHARD_REQUIRE(phase_ == step_phase::backward, error_kind::usage,
-              "recompute of module '" + name(m) + "' outside backward",
-              "recompute() re-runs a checkpointed block during backward; use forward() before begin_backward()");
+                     "recompute of module '" + name(m) + "' outside backward",
+                     "recompute() re-runs a checkpointed block during backward; use forward() before begin_backward()");
       awaiting_backward_[m] = module_pending_[m] > 0;
       return false;
     }
     if (kind == use_kind::no_grad) return false;
-    ZSHARD_REQUIRE(phase_ == step_phase::forward, error_kind::usage,
-            "counted forward of module '" + name(m) + "' during backward",
-            "use recompute() for a checkpointed block, or forward(m, use_kind::no_grad) for a pass without backward");
+    ZSHARD_REQUIRE(
+        phase_ == step_phase::forward, error_kind::usage, "counted forward of module '" + name(m) + "' during backward",
+        "use recompute() for a checkpointed block, or forward(m, use_kind::no_grad) for a pass without backward");
     ++module_pending_[m];
     for (param_id p : spec_->module(m).params)
       if (spec_->param(p).trainable) ++param_pending_[p];
@@ -41,16 +41,17 @@ class use_counter {
   }
 
   void on_begin_backward() {
-    ZSHARD_REQUIRE(phase_ == step_phase::forward, error_kind::usage, "begin_backward() called twice without end_backward()");
+    ZSHARD_REQUIRE(phase_ == step_phase::forward, error_kind::usage,
+                   "begin_backward() called twice without end_backward()");
     phase_ = step_phase::backward;
   }
 
   void on_backward(module_id m) {
     ZSHARD_REQUIRE(phase_ == step_phase::backward, error_kind::usage,
-            "backward of module '" + name(m) + "' outside backward", "call begin_backward() first");
+                   "backward of module '" + name(m) + "' outside backward", "call begin_backward() first");
     ZSHARD_REQUIRE(module_pending_[m] > 0, error_kind::usage,
-            "backward of module '" + name(m) + "' which has no counted forward pending",
-            "each backward(m) must match an earlier counted forward(m) of this micro-batch");
+                   "backward of module '" + name(m) + "' which has no counted forward pending",
+                   "each backward(m) must match an earlier counted forward(m) of this micro-batch");
     awaiting_backward_[m] = false;
   }
 
@@ -59,7 +60,7 @@ class use_counter {
     for (param_id p : spec_->module(m).params) {
       if (!spec_->param(p).trainable) continue;
       ZSHARD_REQUIRE(param_pending_[p] > 0, error_kind::invariant,
-              "gradient count of parameter '" + spec_->param(p).name + "' would go negative");
+                     "gradient count of parameter '" + spec_->param(p).name + "' would go negative");
       if (--param_pending_[p] == 0) completed.push_back(p);
     }
   }
@@ -82,12 +83,12 @@ class use_counter {
 
   void on_step() {
     ZSHARD_REQUIRE(phase_ == step_phase::forward, error_kind::usage, "step() inside backward",
-            "call end_backward() before step()");
+                   "call end_backward() before step()");
     for (module_id m = 0; m < module_pending_.size(); ++m)
       ZSHARD_REQUIRE(module_pending_[m] == 0, error_kind::usage,
-              "step() with " + std::to_string(module_pending_[m]) + " counted forward(s) of module '" + name(m) +
-                  "' whose backward has not run",
-              "run begin_backward()/end_backward() after the last forward of the micro-batch");
+                     "step() with " + std::to_string(module_pending_[m]) + " counted forward(s) of module '" + name(m) +
+                         "' whose backward has not run",
+                     "run begin_backward()/end_backward() after the last forward of the micro-batch");
   }
 
   // Holds a recomputed module until its backward, which comes right after, so it is not
