@@ -130,3 +130,52 @@ TEST_CASE("uses whose backward never ran are swept at end_backward, reduced, rel
     CHECK(r.grad_norm > 0);  // the partial gradient of c was reduced, not dropped
   });
 }
+
+namespace {
+
+// A Reducer that fails on its first gradient, as a broken collective would.
+template <class Backend, class Comm>
+struct failing_reducer {
+  failing_reducer(param_store<Backend>&, Comm&, const engine_config&) {}
+  template <class Sink>
+  void grad_ready(param_id, Sink&) {
+    throw error(error_kind::comm, "reduce_scatter failed (injected)");
+  }
+  template <class Sink>
+  void flush(Sink&) {}
+  std::size_t pending_numel() const { return 0; }
+};
+struct failing_reducer_family {
+  using zshard_tag = reducer_tag;
+  template <class Backend, class Comm>
+  using impl = failing_reducer<Backend, Comm>;
+};
+struct failing_policies : default_policies {
+  using reducer = failing_reducer_family;
+};
+
+}  // namespace
+
+TEST_CASE("a failure when a scope closes in its destructor is not lost: the next engine call rethrows it") {
+  run_ranks(1, [](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine<host_backend, thread_comm, failing_policies> eng(backend, comm, toy::make_spec({}, id), {});
+    { auto g = eng.forward(id.embed); }
+    eng.begin_backward();
+    { auto g = eng.backward(id.embed); }  // the destructor cannot throw: the engine keeps the error
+    CHECK_THROWS_WITH_AS(eng.end_backward(), doctest::Contains("reduce_scatter failed (injected)"), error);
+    CHECK_THROWS_WITH_AS(eng.step(), doctest::Contains("injected"), error);  // and stays broken
+  });
+  // close() reports the same failure directly
+  run_ranks(1, [](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine<host_backend, thread_comm, failing_policies> eng(backend, comm, toy::make_spec({}, id), {});
+    { auto g = eng.forward(id.embed); }
+    eng.begin_backward();
+    auto g = eng.backward(id.embed);
+    CHECK_THROWS_WITH_AS(g.close(), doctest::Contains("injected"), error);
+    CHECK_THROWS_WITH_AS(eng.end_backward(), doctest::Contains("injected"), error);  // broken from here on
+  });
+}

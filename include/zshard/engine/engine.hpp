@@ -23,6 +23,7 @@
 #include "zshard/engine/engine_config.hpp"
 #include "zshard/engine/module_scope.hpp"
 #include "zshard/engine/param_store.hpp"
+#include "zshard/engine/residency.hpp"
 #include "zshard/engine/step_report.hpp"
 #include "zshard/offload/offloader.hpp"
 #include "zshard/optim/grad_clip.hpp"
@@ -60,6 +61,7 @@ class engine {
         store_(backend, spec_, layouts_, cfg_.param_dtype),
         offloader_(store_, comm, cfg_),
         reducer_(store_, comm, cfg_),
+        residency_(store_, comm, prefetcher_, cfg_),
         scaler_(cfg_.loss_scale),
         stream_(backend.make_stream()),
         lr_(cfg_.adamw.lr) {
@@ -67,7 +69,6 @@ class engine {
     check_module_sizes();
     tracker_.reset(spec_);
     prefetcher_.reset(spec_, layouts_, cfg_);
-    module_held_.assign(spec_.modules().size(), false);
     initialize_parameters();
     completed_.reserve(spec_.params().size());
   }
@@ -112,9 +113,10 @@ class engine {
     tracker_.on_end_backward(completed_, swept_);
     for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
     reducer_.flush(offloader_);
-    for (module_id m = 0; m < module_held_.size(); ++m) set_held(m, false);  // I3: holds end here
-    check(resident_by_scan() == store_.resident_numel(), "resident elements disagree with the gathered set (I5)");
-    release_unpinned();
+    residency_.end_holds();  // I3: holds end here
+    check(residency_.resident_by_scan() == store_.resident_numel(),
+          "resident elements disagree with the gathered set (I5)");
+    residency_.release_unpinned();
     check(store_.gathered_set().empty(), "parameters still gathered after end_backward");
     ++micro_batches_;
   }
@@ -148,9 +150,10 @@ class engine {
     r.loss_scale = scaler_.scale();
     micro_batches_ = 0;
     prefetcher_.on_step();
-    release_unpinned();
+    residency_.release_unpinned();
     check(store_.gathered_set().empty() && reducer_.pending_numel() == 0, "step boundary is not clean (I4)");
-    check(resident_by_scan() == store_.resident_numel(), "resident elements disagree with the gathered set (I5)");
+    check(residency_.resident_by_scan() == store_.resident_numel(),
+          "resident elements disagree with the gathered set (I5)");
     return r;
   }
 
@@ -260,20 +263,13 @@ class engine {
 
   void check_module_sizes() const {
     for (module_id m = 0; m < spec_.modules().size(); ++m) {
-      const std::size_t n = module_gathered_numel(m);
+      const std::size_t n = residency_.module_gathered_numel(m);
       ZSHARD_REQUIRE(
           n <= cfg_.prefetch.max_live_numel || cfg_.prefetch.allow_oversized_module, error_kind::config,
           "module '" + spec_.module(m).name + "' needs " + std::to_string(n) +
               " gathered elements, more than max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
           "raise max_live_numel, split the module, or set allow_oversized_module");
     }
-  }
-
-  std::size_t module_gathered_numel(module_id m) const {
-    std::size_t n = 0;
-    for (param_id p : spec_.module(m).params)
-      if (!layouts_[p].replicated) n += layouts_[p].padded_numel;
-    return n;
   }
 
   // Rank r computes exactly its shard's initial values from the global element index.
@@ -306,13 +302,7 @@ class engine {
       tracker_.on_forward(m, kind);
     ahead_.clear();
     prefetcher_.on_scope_enter(m, kind, ahead_);
-    make_room(m);
-    for (param_id p : spec_.module(m).params) pin(p);
-    check_live_budget(m);
-    for (param_id q : ahead_)
-      if (!store_[q].is_gathered() &&
-          store_.resident_numel() + layouts_[q].padded_numel <= cfg_.prefetch.max_live_numel)
-        gather(q);
+    residency_.open(m, ahead_);
     if (is_backward) {
       for (param_id p : spec_.module(m).params) {
         auto& s = store_[p];
@@ -324,23 +314,29 @@ class engine {
     ++open_scopes_;
   }
 
+  // A failure half-way through closing a scope (a collective in the Reducer, an invariant)
+  // leaves pins and counts inconsistent, so it breaks the engine: every later call rethrows it.
   void exit_scope(module_id m, bool is_backward) {
     rethrow_if_broken();
-    --open_scopes_;
-    if (is_backward) {
-      completed_.clear();
-      tracker_.on_backward_done(m, completed_);
-      for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
+    try {
+      --open_scopes_;
+      if (is_backward) {
+        completed_.clear();
+        tracker_.on_backward_done(m, completed_);
+        for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
+      }
+      residency_.close(m, tracker_.keeps_gathered(m));
+    } catch (...) {
+      broken_ = std::current_exception();
+      throw;
     }
-    set_held(m, tracker_.keeps_gathered(m));  // before unpinning, so a held module is not released
-    for (param_id p : spec_.module(m).params) unpin(p);
   }
 
   void exit_scope_nothrow(module_id m, bool is_backward) noexcept {
     try {
       exit_scope(m, is_backward);
     } catch (...) {
-      if (!broken_) broken_ = std::current_exception();
+      // kept in broken_ by exit_scope (or already there): the next engine call rethrows it
     }
   }
 
@@ -361,84 +357,6 @@ class engine {
     ZSHARD_REQUIRE(s.spec->trainable, error_kind::usage,
                    "parameter '" + s.spec->name + "' is frozen and has no gradient");
     return {s.full_grad.data(), dtype::f32, s.spec->shape};
-  }
-
-  // ---- gather / release ----------------------------------------------------------------------
-  void gather(param_id p) {
-    auto& s = store_[p];
-    if (s.is_gathered()) return;
-    store_.mark_gathered(p);
-    comm_.all_gather(s.shard.data(), s.gathered.data(), s.layout.shard_numel, s.type);
-  }
-  void pin(param_id p) {
-    gather(p);
-    ++store_[p].pins;
-  }
-  void unpin(param_id p) {
-    auto& s = store_[p];
-    check(s.pins > 0, "unbalanced parameter pins");
-    --s.pins;
-    release_if_unused(p);
-  }
-  void release_if_unused(param_id p) {
-    if (store_[p].evictable() && !prefetcher_.keep_after_scope(p)) store_.release_gathered(p);
-  }
-  // The HookTracker's binding hold on a module's parameters (see track/hook_tracker.hpp).
-  void set_held(module_id m, bool held) {
-    if (module_held_[m] == held) return;
-    module_held_[m] = held;
-    for (param_id p : spec_.module(m).params) {
-      store_[p].holds += held ? 1 : -1;
-      if (!held) release_if_unused(p);
-    }
-  }
-  void release_unpinned() {
-    for (std::size_t i = store_.gathered_set().size(); i-- > 0;) {
-      const param_id p = store_.gathered_set()[i];
-      if (store_[p].pins == 0) store_.release_gathered(p);
-    }
-  }
-  // Elements m still has to gather.
-  std::size_t missing_numel(module_id m) const {
-    std::size_t n = 0;
-    for (param_id p : spec_.module(m).params)
-      if (!store_[p].is_gathered()) n += layouts_[p].padded_numel;
-    return n;
-  }
-  // Before m's scope gathers: evicts parameters that are gathered but neither in use nor held
-  // (prefetched, or kept for reuse) until m's missing parameters fit under max_live_numel, or
-  // nothing is left to evict. m's own parameters stay; those the Prefetcher asked for just now
-  // go last.
-  void make_room(module_id m) {
-    const std::size_t budget = cfg_.prefetch.max_live_numel;
-    const std::size_t needed = missing_numel(m);
-    const auto& own = spec_.module(m).params;
-    for (int pass = 0; pass < 2 && store_.resident_numel() + needed > budget; ++pass) {
-      for (std::size_t i = store_.gathered_set().size(); i-- > 0 && store_.resident_numel() + needed > budget;) {
-        const param_id p = store_.gathered_set()[i];
-        if (!store_[p].evictable() || std::find(own.begin(), own.end(), p) != own.end()) continue;
-        const bool wanted_soon = std::find(ahead_.begin(), ahead_.end(), p) != ahead_.end();
-        if (pass == 1 || !wanted_soon) store_.release_gathered(p);
-      }
-    }
-  }
-  // I5 cross-check at step boundaries: the same figure by scanning every parameter.
-  std::size_t resident_by_scan() const {
-    std::size_t n = 0;
-    for (param_id p = 0; p < store_.size(); ++p)
-      if (store_[p].gathered) n += layouts_[p].padded_numel;
-    return n;
-  }
-
-  // I5: resident gathered elements within max_live_numel, except one oversized module alone.
-  void check_live_budget(module_id m) const {
-    const std::size_t resident = store_.resident_numel();
-    if (resident <= cfg_.prefetch.max_live_numel) return;
-    const bool alone = cfg_.prefetch.allow_oversized_module && resident == module_gathered_numel(m);
-    ZSHARD_REQUIRE(alone, error_kind::budget,
-                   "gathering module '" + spec_.module(m).name + "' makes " + std::to_string(resident) +
-                       " elements resident, above max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
-                   "close enclosing scopes sooner, or raise max_live_numel");
   }
 
   // ---- step helpers --------------------------------------------------------------------------
@@ -479,6 +397,7 @@ class engine {
   reducer_type reducer_;
   tracker_type tracker_{};
   prefetcher_type prefetcher_{};
+  residency<Backend, Comm, prefetcher_type> residency_;
   optim::loss_scaler scaler_;
   typename Backend::stream stream_;
   float lr_;
@@ -486,7 +405,6 @@ class engine {
   int micro_batches_ = 0;
   int open_scopes_ = 0;
   std::size_t activation_bytes_ = 0;
-  std::vector<bool> module_held_;
   std::vector<param_id> completed_;
   std::vector<param_id> ahead_;
   std::vector<swept_use> swept_;

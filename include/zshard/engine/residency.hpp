@@ -1,0 +1,139 @@
+#pragma once
+// Which parameters are gathered, and why: pinned by an open scope, held by the HookTracker
+// (binding), or gathered ahead / kept for reuse by the Prefetcher (advisory, evicted first when
+// a scope needs the room). Owns invariant I5: resident elements stay within max_live_numel,
+// except one module larger than it alone when allow_oversized_module is set.
+//
+// Gathers are collectives: every rank makes the same decisions in the same order, since they
+// depend only on the model, the layouts, the budgets and the sequence of scopes.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "zshard/engine/engine_config.hpp"
+#include "zshard/engine/param_store.hpp"
+
+namespace zshard {
+
+template <class Backend, class Comm, class Prefetcher>
+class residency {
+ public:
+  residency(param_store<Backend>& store, Comm& comm, Prefetcher& prefetcher, const engine_config& cfg)
+      : store_(store), comm_(comm), prefetcher_(prefetcher), cfg_(cfg), held_(store.spec().modules().size(), false) {}
+
+  // A scope of m opens: make room, gather and pin m's parameters, check the budget, then gather
+  // what the Prefetcher asked for ahead while it fits.
+  void open(module_id m, const std::vector<param_id>& ahead) {
+    make_room(m, ahead);
+    for (param_id p : params(m)) {
+      gather(p);
+      ++store_[p].pins;
+    }
+    check_live_budget(m);
+    for (param_id q : ahead)
+      if (!store_[q].is_gathered() &&
+          store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.prefetch.max_live_numel)
+        gather(q);
+  }
+
+  // A scope of m closes; `held` is the HookTracker's word on keeping m gathered. The hold is
+  // taken before unpinning, so a held module is never released in between.
+  void close(module_id m, bool held) {
+    set_held(m, held);
+    for (param_id p : params(m)) {
+      auto& s = store_[p];
+      if (s.pins <= 0) throw error(error_kind::invariant, "unbalanced pins on parameter '" + s.spec->name + "'");
+      --s.pins;
+      release_if_unused(p);
+    }
+  }
+
+  // End of backward (I3): no hold survives it.
+  void end_holds() {
+    for (module_id m = 0; m < held_.size(); ++m) set_held(m, false);
+  }
+
+  // Releases every gathered parameter no open scope uses.
+  void release_unpinned() {
+    for (std::size_t i = store_.gathered_set().size(); i-- > 0;) {
+      const param_id p = store_.gathered_set()[i];
+      if (store_[p].pins == 0) store_.release_gathered(p);
+    }
+  }
+
+  // I5 cross-check: the resident figure recomputed by scanning every parameter.
+  std::size_t resident_by_scan() const {
+    std::size_t n = 0;
+    for (param_id p = 0; p < store_.size(); ++p)
+      if (store_[p].gathered) n += store_[p].layout.padded_numel;
+    return n;
+  }
+
+  // Elements m's scope gathers (replicated parameters are always resident and not counted).
+  std::size_t module_gathered_numel(module_id m) const {
+    std::size_t n = 0;
+    for (param_id p : params(m))
+      if (!store_[p].layout.replicated) n += store_[p].layout.padded_numel;
+    return n;
+  }
+
+ private:
+  const std::vector<param_id>& params(module_id m) const { return store_.spec().module(m).params; }
+
+  void gather(param_id p) {
+    auto& s = store_[p];
+    if (s.is_gathered()) return;
+    store_.mark_gathered(p);
+    comm_.all_gather(s.shard.data(), s.gathered.data(), s.layout.shard_numel, s.type);
+  }
+
+  void release_if_unused(param_id p) {
+    if (store_[p].evictable() && !prefetcher_.keep_after_scope(p)) store_.release_gathered(p);
+  }
+
+  void set_held(module_id m, bool held) {
+    if (held_[m] == held) return;
+    held_[m] = held;
+    for (param_id p : params(m)) {
+      store_[p].holds += held ? 1 : -1;
+      if (!held) release_if_unused(p);
+    }
+  }
+
+  // Evicts parameters gathered but neither pinned nor held until m's missing parameters fit
+  // under max_live_numel, or nothing is left to evict. m's own parameters stay; those the
+  // Prefetcher asked for just now go last.
+  void make_room(module_id m, const std::vector<param_id>& ahead) {
+    const std::size_t budget = cfg_.prefetch.max_live_numel;
+    std::size_t needed = 0;
+    for (param_id p : params(m))
+      if (!store_[p].is_gathered()) needed += store_[p].layout.padded_numel;
+    const auto& own = params(m);
+    for (int pass = 0; pass < 2 && store_.resident_numel() + needed > budget; ++pass) {
+      for (std::size_t i = store_.gathered_set().size(); i-- > 0 && store_.resident_numel() + needed > budget;) {
+        const param_id p = store_.gathered_set()[i];
+        if (!store_[p].evictable() || std::find(own.begin(), own.end(), p) != own.end()) continue;
+        const bool wanted_soon = std::find(ahead.begin(), ahead.end(), p) != ahead.end();
+        if (pass == 1 || !wanted_soon) store_.release_gathered(p);
+      }
+    }
+  }
+
+  void check_live_budget(module_id m) const {
+    const std::size_t resident = store_.resident_numel();
+    if (resident <= cfg_.prefetch.max_live_numel) return;
+    const bool alone = cfg_.prefetch.allow_oversized_module && resident == module_gathered_numel(m);
+    ZSHARD_REQUIRE(alone, error_kind::budget,
+                   "gathering module '" + store_.spec().module(m).name + "' makes " + std::to_string(resident) +
+                       " elements resident, above max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
+                   "close enclosing scopes sooner, or raise max_live_numel");
+  }
+
+  param_store<Backend>& store_;
+  Comm& comm_;
+  Prefetcher& prefetcher_;
+  const engine_config& cfg_;
+  std::vector<bool> held_;  // modules the HookTracker holds gathered
+};
+
+}  // namespace zshard
