@@ -77,23 +77,6 @@ inline std::string describe(const comm_slot& s) {
   return d + " as collective #" + std::to_string(s.seq);
 }
 
-template <class T>
-inline float widen(T v) noexcept {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else
-    return to_float(v);
-}
-template <class T>
-inline T narrow(float v) noexcept {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, bf16>)
-    return to_bf16(v);
-  else
-    return to_f16(v);
-}
-
 template <class F>
 inline void visit_dtype(dtype t, F&& f) {
   switch (t) {
@@ -126,23 +109,23 @@ inline void reduce_block(const SrcOf& src_of, int n, std::size_t len, reduce_op 
   const std::size_t m = fixed_len != 0 ? fixed_len : len;
   float acc[reduce_chunk];
   const T* s0 = src_of(0);
-  for (std::size_t i = 0; i < m; ++i) acc[i] = widen(s0[i]);
+  for (std::size_t i = 0; i < m; ++i) acc[i] = to_float(s0[i]);
   for (int q = 1; q < n; ++q) {
     const T* s = src_of(q);
     if (op == reduce_op::max) {
       for (std::size_t i = 0; i < m; ++i) {
-        const float x = widen(s[i]);
+        const float x = to_float(s[i]);
         acc[i] = (x > acc[i] || x != x) ? x : acc[i];  // NaN propagates
       }
     } else {
-      for (std::size_t i = 0; i < m; ++i) acc[i] += widen(s[i]);
+      for (std::size_t i = 0; i < m; ++i) acc[i] += to_float(s[i]);
     }
   }
   if (op == reduce_op::average) {
     const auto fn = static_cast<float>(n);
     for (std::size_t i = 0; i < m; ++i) acc[i] /= fn;  // division, not * (1/n): one rounding
   }
-  for (std::size_t i = 0; i < m; ++i) out[i] = narrow<T>(acc[i]);
+  for (std::size_t i = 0; i < m; ++i) out[i] = from_float<T>(acc[i]);
 }
 
 inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {

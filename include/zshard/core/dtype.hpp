@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #include "zshard/core/error.hpp"
 
@@ -89,6 +90,18 @@ template <> struct dtype_of_t<float> { static constexpr dtype value = dtype::f32
 template <> struct dtype_of_t<bf16> { static constexpr dtype value = dtype::bf16; };
 template <> struct dtype_of_t<f16> { static constexpr dtype value = dtype::f16; };
 template <class T> inline constexpr dtype dtype_of = dtype_of_t<T>::value;
+
+// Typed conversions for templated loops (one instantiation per element type, no branches).
+constexpr float to_float(float v) noexcept { return v; }
+template <class T>
+constexpr T from_float(float v) noexcept {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return to_bf16(v);
+  else
+    return to_f16(v);
+}
 
 // Reads element i of a buffer of type t as float.
 inline float load_as_float(const void* p, dtype t, std::size_t i) noexcept {

@@ -85,16 +85,6 @@ inline adamw_step make_adamw_step(const adamw_config& cfg, std::int64_t step, fl
 
 namespace detail {
 
-template <class W>
-inline W from_master(float p) noexcept {
-  if constexpr (std::is_same_v<W, float>)
-    return p;
-  else if constexpr (std::is_same_v<W, bf16>)
-    return to_bf16(p);
-  else
-    return to_f16(p);
-}
-
 // One instantiation per working dtype (W = void: no write-back) keeps the loop body free of
 // branches on the dtype, which is what lets the compiler vectorise it. GCC and Clang only
 // vectorise std::sqrt under -fno-math-errno (v >= 0 here, so errno is never set anyway);
@@ -117,7 +107,7 @@ inline void adamw_loop(const adamw_step& s, float* master, float* m, float* v, c
     m[i] = mi;
     v[i] = vi;
     master[i] = p;
-    if constexpr (!std::is_void_v<W>) out[i] = from_master<W>(p);
+    if constexpr (!std::is_void_v<W>) out[i] = from_float<W>(p);
   }
 }
 
