@@ -93,6 +93,33 @@ float run_micro_batch(Engine& eng, const config& mc, const ids& id, const batch&
   return loss;
 }
 
+// The per-rank loop every backend shares: o.steps steps of o.micro_batches micro-batches, this
+// rank's rows of each global batch, an Inf injected where o.overflow_step says; then rank 0
+// records the parameters, step reports and ledger peaks in `result`.
+template <class Engine, class RunMicroBatch>
+void train_rank(Engine& eng, int rank, const train_options& o, RunMicroBatch&& run_one, std::mutex& mu,
+                train_result& result) {
+  const int per_step = o.world * o.micro_batches * o.rows;
+  std::vector<zshard::step_report> reports;
+  for (int step = 0; step < o.steps; ++step) {
+    const batch global = make_batch(o.model.vocab, std::uint64_t(step), per_step);
+    for (int mb = 0; mb < o.micro_batches; ++mb) {
+      const batch local = slice(global, (mb * o.world + rank) * o.rows, o.rows);
+      run_one(local, step == o.overflow_step && rank == o.world - 1 && mb == 0);
+    }
+    reports.push_back(eng.step());
+  }
+  std::vector<std::vector<float>> params;
+  for (zshard::param_id p = 0; p < eng.spec().params().size(); ++p) params.push_back(eng.gather_param(p));
+  if (rank == 0) {
+    std::lock_guard lock(mu);
+    result.params = std::move(params);
+    result.reports = std::move(reports);
+    result.peak_gathered_bytes = eng.ledger().peak(zshard::mem_category::gathered_params);
+    result.peak_grad_bucket_bytes = eng.ledger().peak(zshard::mem_category::grad_buckets);
+  }
+}
+
 template <class Policies = zshard::default_policies>
 train_result train_sharded(const train_options& o) {
   train_result result;
@@ -102,26 +129,9 @@ train_result train_sharded(const train_options& o) {
     zshard::host_backend backend;
     zshard::engine<zshard::host_backend, zshard::thread_comm, Policies> eng(backend, comm, make_spec(o.model, id),
                                                                              o.engine);
-    const int per_step = o.world * o.micro_batches * o.rows;
-    std::vector<zshard::step_report> reports;
-    for (int step = 0; step < o.steps; ++step) {
-      const batch global = make_batch(o.model.vocab, std::uint64_t(step), per_step);
-      for (int mb = 0; mb < o.micro_batches; ++mb) {
-        const batch local = slice(global, (mb * o.world + comm.rank()) * o.rows, o.rows);
-        const bool inject = step == o.overflow_step && comm.rank() == o.world - 1 && mb == 0;
-        run_micro_batch(eng, o.model, id, local, inject);
-      }
-      reports.push_back(eng.step());
-    }
-    std::vector<std::vector<float>> params;
-    for (zshard::param_id p = 0; p < eng.spec().params().size(); ++p) params.push_back(eng.gather_param(p));
-    if (comm.rank() == 0) {
-      std::lock_guard lock(mu);
-      result.params = std::move(params);
-      result.reports = std::move(reports);
-      result.peak_gathered_bytes = backend.ledger().peak(zshard::mem_category::gathered_params);
-      result.peak_grad_bucket_bytes = backend.ledger().peak(zshard::mem_category::grad_buckets);
-    }
+    train_rank(
+        eng, comm.rank(), o, [&](const batch& b, bool inject) { run_micro_batch(eng, o.model, id, b, inject); }, mu,
+        result);
   });
   return result;
 }

@@ -152,26 +152,10 @@ toy::train_result train_on_gpus(const toy::train_options& o, zshard::nccl_comple
         {
           zshard::engine<zshard::cuda_backend, zshard::nccl_comm, Policies> eng(backend, comm,
                                                                                 toy::make_spec(o.model, id), o.engine);
-          const int per_step = o.world * o.micro_batches * o.rows;
-          std::vector<zshard::step_report> reports;
-          for (int step = 0; step < o.steps; ++step) {
-            const toy::batch global = toy::make_batch(o.model.vocab, std::uint64_t(step), per_step);
-            for (int mb = 0; mb < o.micro_batches; ++mb) {
-              const toy::batch local = toy::slice(global, (mb * o.world + comm.rank()) * o.rows, o.rows);
-              const bool inject = step == o.overflow_step && comm.rank() == o.world - 1 && mb == 0;
-              run_micro_batch_on_device(eng, o.model, id, local, inject);
-            }
-            reports.push_back(eng.step());
-          }
-          std::vector<std::vector<float>> params;
-          for (zshard::param_id p = 0; p < eng.spec().params().size(); ++p) params.push_back(eng.gather_param(p));
-          if (comm.rank() == 0) {
-            std::lock_guard lock(mu);
-            result.params = std::move(params);
-            result.reports = std::move(reports);
-            result.peak_gathered_bytes = backend.ledger().peak(zshard::mem_category::gathered_params);
-            result.peak_grad_bucket_bytes = backend.ledger().peak(zshard::mem_category::grad_buckets);
-          }
+          toy::train_rank(
+              eng, comm.rank(), o,
+              [&](const toy::batch& b, bool inject) { run_micro_batch_on_device(eng, o.model, id, b, inject); }, mu,
+              result);
         }
         comm.synchronize();
         comm.set_stream(nullptr);  // the backend's stream dies with it

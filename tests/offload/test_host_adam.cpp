@@ -84,23 +84,11 @@ run_result train(const toy::train_options& o) {
     toy::ids id;
     Backend backend;
     engine<Backend, thread_comm, Policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
-    std::vector<step_report> reports;
-    const int per_step = o.world * o.micro_batches * o.rows;
-    for (int step = 0; step < o.steps; ++step) {
-      const toy::batch global = toy::make_batch(o.model.vocab, std::uint64_t(step), per_step);
-      for (int mb = 0; mb < o.micro_batches; ++mb) {
-        const toy::batch local = toy::slice(global, (mb * o.world + comm.rank()) * o.rows, o.rows);
-        const bool inject = step == o.overflow_step && comm.rank() == o.world - 1 && mb == 0;
-        toy::run_micro_batch(eng, o.model, id, local, inject);
-      }
-      reports.push_back(eng.step());
-    }
-    std::vector<std::vector<float>> params;
-    for (param_id p = 0; p < eng.spec().params().size(); ++p) params.push_back(eng.gather_param(p));
+    toy::train_rank(
+        eng, comm.rank(), o, [&](const toy::batch& b, bool inject) { toy::run_micro_batch(eng, o.model, id, b, inject); },
+        mu, result.train);
     if (comm.rank() != 0) return;
     std::lock_guard lock(mu);
-    result.train.params = std::move(params);
-    result.train.reports = std::move(reports);
     result.device_optimizer_bytes = backend.ledger().current(mem_category::optimizer_state);
     result.device_grad_shard_bytes = backend.ledger().current(mem_category::grad_shards);
     const memory_ledger& host = eng.offloader().state_ledger();
