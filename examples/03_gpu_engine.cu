@@ -6,8 +6,12 @@
 // What to take from it:
 //   - scopes hand out device pointers: the training stack's kernels read the gathered weights
 //     and accumulate (+=) into the gradient buffers;
-//   - launch them on backend.make_stream(), the stream the engine and the communicator use, so
-//     no other synchronisation is needed;
+//   - launch them on backend.make_stream(), the compute stream: the engine makes it wait for
+//     the gathers a scope needs and makes its reductions wait for the kernels a backward scope
+//     ran, so no other synchronisation is needed;
+//   - with the communicator in nccl_completion::enqueue mode, the gather of the next module and
+//     the reduction of the last one run on streams of their own while the kernels run
+//     (engine_config::overlap, on by default);
 //   - step() clips, runs AdamW on the shards, and reports the global gradient norm.
 //
 // Usage: 03_gpu_engine [steps]   (default 20). Without a GPU it says so and exits 0.
@@ -53,10 +57,11 @@ int main(int argc, char** argv) {
   cfg.adamw.weight_decay = 0.0f;
 
   try {
+    zshard::nccl_options comm_options;
+    comm_options.completion = zshard::nccl_completion::enqueue;  // collectives do not block the host
     zshard::run_nccl_ranks(devices, [&](zshard::nccl_comm& comm) {
       zshard::cuda_backend backend({.device = comm.device()});
       const auto stream = backend.make_stream();
-      comm.set_stream(stream.handle());  // collectives in the same order as the engine's work
       {
         zshard::engine<zshard::cuda_backend, zshard::nccl_comm> eng(backend, comm, spec, cfg);
         for (int step = 1; step <= steps; ++step) {
@@ -78,8 +83,8 @@ int main(int argc, char** argv) {
                         zshard::format_bytes(double(backend.ledger().total_peak())).c_str());
         }
       }
-      comm.set_stream(nullptr);  // the backend's stream goes with it
-    });
+      comm.set_stream(nullptr);  // the engine bound the backend's streams; they go with it
+    }, comm_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "03_gpu_engine: %s\n", e.what());
     return 1;

@@ -10,10 +10,13 @@
 //   3. engine    One step of a GPT-2-small-shaped model (12 x 768, vocab 50304, bf16 working
 //                copies) through zshard::engine on cuda_backend + nccl_comm, a synthetic compute
 //                kernel standing in for each module's math: collectives that make the host wait
-//                (nccl_completion::wait) vs stream-ordered ones (::enqueue).
-//   4. overlap   The same 12 blocks scheduled on the backend's role streams: the next block's
-//                all_gather and the last block's reduce_scatter run during compute, vs the same
-//                work serialised on one stream (the engine does not issue this schedule yet).
+//                (nccl_completion::wait), stream-ordered ones (::enqueue) on one stream
+//                (engine_config::overlap off), and with overlap on (gathers and reductions on
+//                the role streams). Also the memory pool's reserved high-water mark next to the
+//                ledger's peak: stream-ordered frees may hold memory a little past the ledger.
+//   4. overlap   The same 12 blocks scheduled by hand on the role streams with two
+//                communicators (gathers and reduce-scatters in flight together), vs the same
+//                work serialised on one stream: the bound the engine's schedule is measured by.
 //
 // Usage: bench_gpu [--quick]. Key figures last as `name: value`.
 #include <algorithm>
@@ -211,13 +214,18 @@ zshard::model_spec gpt_spec(int layers, int d, int vocab, gpt_ids& id) {
 
 constexpr double fwd_us = 300, bwd_us = 600;  // synthetic compute per module (GPT-2 small, a few k tokens)
 
+struct engine_result {
+  double step_ms = 0;           // mean per step, rank 0
+  double ledger_peak_gib = 0;   // the ledger's peak, rank 0
+  double pool_high_gib = 0;     // the pool's reserved high-water mark, rank 0
+};
+
 // Mean ms per engine step on every GPU of the process.
-double bench_engine(const std::vector<int>& devs, zshard::nccl_completion mode, bool quick) {
-  double result = 0;
+engine_result bench_engine(const std::vector<int>& devs, zshard::nccl_completion mode, bool overlap, bool quick) {
+  engine_result result;
   zshard::run_nccl_ranks(devs, [&](zshard::nccl_comm& c) {
     cuda_backend b({.device = c.device()});
-    const auto s = b.make_stream();
-    c.set_stream(s.handle());
+    const auto s = b.make_stream();  // the compute stream: the engine's, and the training stack's
     c.set_completion(mode);
     const int sms = sm_count(c.device());
     gpt_ids id;
@@ -226,6 +234,7 @@ double bench_engine(const std::vector<int>& devs, zshard::nccl_completion mode, 
     cfg.partition.persistence_threshold_numel = 4 * 768;  // biases and norm gains stay replicated
     cfg.reduce.reduce_bucket_numel = 25'000'000;
     cfg.prefetch.max_live_numel = 200'000'000;
+    cfg.overlap = overlap;
     {
       zshard::engine<cuda_backend, zshard::nccl_comm> eng(b, c, gpt_spec(12, 768, 50304, id), cfg);
       const auto module_step = [&](zshard::module_id m, bool backward) {
@@ -245,14 +254,18 @@ double bench_engine(const std::vector<int>& devs, zshard::nccl_completion mode, 
         module_step(id.embed, true);
         eng.end_backward();
         eng.step();
-        b.synchronize(s);
+        b.synchronize_all();
       };
       for (int i = 0; i < 2; ++i) one_step();  // warm-up: the prefetcher records its trace, the pool fills
       const int steps = quick ? 2 : 5;
       const auto t0 = clock_type::now();
       for (int i = 0; i < steps; ++i) one_step();
       const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count() / steps;
-      if (c.rank() == 0) result = ms;
+      if (c.rank() == 0) {
+        std::uint64_t high = 0;
+        ZSHARD_CUDA_CHECK(cudaMemPoolGetAttribute(b.pool(), cudaMemPoolAttrReservedMemHigh, &high));
+        result = {ms, double(b.ledger().total_peak()) / double(1ull << 30), double(high) / double(1ull << 30)};
+      }
     }
     c.synchronize();
     c.set_stream(nullptr);
@@ -359,13 +372,19 @@ int main(int argc, char** argv) {
                 prop.multiProcessorCount, nccl_version, quick ? ", --quick" : "");
     const double adamw_vs_copy = bench_kernels(quick);
     const auto coll = bench_collectives(devs, quick);
-    const double wait_ms = bench_engine(devs, zshard::nccl_completion::wait, quick);
-    const double enqueue_ms = bench_engine(devs, zshard::nccl_completion::enqueue, quick);
+    const auto wait = bench_engine(devs, zshard::nccl_completion::wait, false, quick);
+    const auto serial_step = bench_engine(devs, zshard::nccl_completion::enqueue, false, quick);
+    const auto overlap_step = bench_engine(devs, zshard::nccl_completion::enqueue, true, quick);
     const double compute_ms = 14 * (fwd_us + bwd_us) / 1000;
     std::printf("\n3. engine step, GPT-2 small shape (124M params, bf16), %zu GPU(s), synthetic compute %.1f ms\n",
                 devs.size(), compute_ms);
-    std::printf("%-44s %10.2f ms\n%-44s %10.2f ms\n", "collectives wait (host waits on each)", wait_ms,
-                "collectives enqueue (stream-ordered)", enqueue_ms);
+    std::printf("%-48s %10s %12s %12s\n", "collectives", "ms/step", "ledger GiB", "pool GiB");
+    const auto row = [](const char* name, const engine_result& r) {
+      std::printf("%-48s %10.2f %12.3f %12.3f\n", name, r.step_ms, r.ledger_peak_gib, r.pool_high_gib);
+    };
+    row("wait, one stream (host waits on each)", wait);
+    row("enqueue, one stream (overlap off)", serial_step);
+    row("enqueue, role streams (overlap on)", overlap_step);
     const auto [serial, overlapped] = bench_overlap(devs, quick);
     std::printf("\n4. 12 blocks fwd+bwd on the role streams (compute %.1f ms)\n%-44s %10.2f ms\n%-44s %10.2f ms\n",
                 12 * (fwd_us + bwd_us) / 1000, "serial (one stream)", serial, "overlapped (gather/reduce streams)",
@@ -380,8 +399,10 @@ int main(int argc, char** argv) {
     std::printf("\nadamw_vs_copy: %.2f\n%s: %.1f\n%s: %.1f\n", adamw_vs_copy,
                 devs.size() > 1 ? "allgather_busbw_GBps" : "allgather_algbw_GBps", ag_best,
                 devs.size() > 1 ? "reducescatter_busbw_GBps" : "reducescatter_algbw_GBps", rs_best);
-    std::printf("engine_step_ms_wait: %.2f\nengine_step_ms_enqueue: %.2f\noverlap_speedup: %.2f\n", wait_ms,
-                enqueue_ms, serial / overlapped);
+    std::printf("engine_step_ms_wait: %.2f\nengine_step_ms_serial: %.2f\nengine_step_ms_overlap: %.2f\n"
+                "engine_overlap_speedup: %.2f\nengine_pool_vs_ledger: %.3f\nhand_overlap_speedup: %.2f\n",
+                wait.step_ms, serial_step.step_ms, overlap_step.step_ms, serial_step.step_ms / overlap_step.step_ms,
+                overlap_step.pool_high_gib / overlap_step.ledger_peak_gib, serial / overlapped);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu: %s\n", e.what());
     return 1;

@@ -54,8 +54,8 @@ struct policies_with : default_policies {
   using offloader = Offloader;
 };
 using host_policies = policies_with<offload::host_adam>;
-static_assert(check_offloader<offload::host_adam, offload::host_adam_impl<host_backend, thread_comm>>());
-static_assert(check_offloader<offload::host_adam, offload::host_adam_impl<device_like_backend, thread_comm>>());
+static_assert(check_offloader<offload::host_adam, offload::host_adam_impl<host_backend, thread_comm>, host_backend::stream>());
+static_assert(check_offloader<offload::host_adam, offload::host_adam_impl<device_like_backend, thread_comm>, device_like_backend::stream>());
 
 // A host budget of 1000 bytes: too small for the toy model's optimizer state.
 struct tight_host_adam {
@@ -324,8 +324,9 @@ TEST_CASE("host_adam on a backend without storage accounts the host state of a 7
 
   const auto* placeholder = reinterpret_cast<const float*>(std::uintptr_t{0x2000});
   for (param_id p : {w, b}) off.init_param(p, placeholder);
+  auto reduce_stream = backend.make_stream();
   for (int micro = 0; micro < 2; ++micro)
-    for (param_id p : {w, b}) off.accumulate_grad(p, placeholder, layouts[p].shard_numel);
+    for (param_id p : {w, b}) off.accumulate_grad(p, placeholder, layouts[p].shard_numel, reduce_stream);
   const grad_stats st = off.local_grad_stats();
   CHECK(st.sum_squares == 0.0);
   CHECK(!st.nonfinite);
@@ -343,6 +344,6 @@ TEST_CASE("host_adam on a backend without storage accounts the host state of a 7
   CHECK(backend.device.current(mem_category::optimizer_state) == 0);
   MESSAGE(host.report());
 
-  CHECK_THROWS_AS(off.accumulate_grad(frozen, placeholder, layouts[frozen].shard_numel), error);  // no state
-  CHECK_THROWS_AS(off.accumulate_grad(w, placeholder, 5), error);                                // wrong size
+  CHECK_THROWS_AS(off.accumulate_grad(frozen, placeholder, layouts[frozen].shard_numel, reduce_stream), error);  // no state
+  CHECK_THROWS_AS(off.accumulate_grad(w, placeholder, 5, reduce_stream), error);                              // wrong size
 }

@@ -9,6 +9,8 @@
 // backend runs everything immediately, which is a valid schedule of the same program.
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <string_view>
 
 #include "zshard/core/dtype.hpp"
 #include "zshard/core/memory_ledger.hpp"
@@ -27,6 +29,23 @@ struct grad_stats {
     return *this;
   }
 };
+
+// What a stream is for. A backend that runs work asynchronously (CUDA) gives each role its own
+// stream through `role_stream(role)`, so gathers and gradient reductions can run while compute
+// does; the engine orders them with events (engine/stream_roles.hpp). A backend without
+// role_stream runs every role on its one stream.
+enum class stream_role : std::uint8_t { compute, gather, reduce, host_copy };
+inline constexpr std::size_t stream_role_count = 4;
+
+constexpr std::string_view to_string(stream_role r) noexcept {
+  switch (r) {
+    case stream_role::compute: return "compute";
+    case stream_role::gather: return "gather";
+    case stream_role::reduce: return "reduce";
+    case stream_role::host_copy: return "host_copy";
+  }
+  return "?";
+}
 
 struct backend_tag {};
 
@@ -55,6 +74,22 @@ concept backend = std::same_as<typename B::zshard_tag, backend_tag> &&
                     b.adamw(optim::adamw_step{}, static_cast<float*>(p), static_cast<float*>(p),
                             static_cast<float*>(p), static_cast<const float*>(cp), bytes, p, t, s);
                   };
+
+// Optional capabilities an asynchronous backend adds; the engine detects them and falls back to
+// one stream without them.
+// - role streams: a stream per stream_role (`role_stream(role)`), so work can overlap;
+template <class B>
+concept has_role_streams = requires(B& b) {
+  { b.role_stream(stream_role::gather) } -> std::same_as<typename B::stream>;
+};
+// - stream-ordered memory: allocate/deallocate in the order of a stream. Memory allocated on s
+//   may be used by work on s at once (other streams wait on an event first), and memory freed
+//   on s must have every use ordered before that point of s.
+template <class B>
+concept stream_ordered_memory = requires(B& b, std::size_t n, mem_category c, void* p, typename B::stream& s) {
+  { b.allocate(n, c, s) } -> std::same_as<void*>;
+  b.deallocate(p, n, c, s);
+};
 
 // Fails with a readable message naming the part of the contract a backend misses.
 template <class B>

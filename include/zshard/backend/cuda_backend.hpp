@@ -34,19 +34,6 @@
 
 namespace zshard {
 
-enum class stream_role : std::uint8_t { compute, gather, reduce, host_copy };
-inline constexpr std::size_t stream_role_count = 4;
-
-constexpr std::string_view to_string(stream_role r) noexcept {
-  switch (r) {
-    case stream_role::compute: return "compute";
-    case stream_role::gather: return "gather";
-    case stream_role::reduce: return "reduce";
-    case stream_role::host_copy: return "host_copy";
-  }
-  return "?";
-}
-
 struct cuda_backend_options {
   int device = 0;
   std::optional<std::size_t> budget_bytes;       // device ledger: hard budget (I8)

@@ -106,6 +106,13 @@ concept communicator = detail::comm_tagged<C> && detail::comm_has_rank_size<C> &
     detail::comm_has_reduce_scatter<C> && detail::comm_has_all_reduce<C> && detail::comm_has_broadcast<C> &&
     detail::comm_has_barrier<C>;
 
+// Optional: a communicator whose collectives run on a stream the caller picks (NCCL takes the
+// backend stream's handle). The engine binds it to the gather stream before gathering and to
+// the reduce stream before reducing; a communicator without it (threads, MPI on host memory)
+// completes each collective before returning, which is ordered with every stream.
+template <class C, class Stream>
+concept stream_bindable = requires(C& c, const Stream& s) { c.set_stream(s.handle()); };
+
 // `static_assert(check_communicator<my_comm>());` next to a communicator's definition: each
 // missing piece of the contract fails with its own message instead of a wall of template text.
 template <class C>

@@ -7,8 +7,9 @@
 //     rank (run_nccl_ranks does both).
 //
 // Streams: collectives are enqueued on stream(), which the caller sets (set_stream) to the
-// stream that orders the buffers, normally the backend's compute stream: then nothing else
-// has to be ordered by hand. Until set, the communicator uses a stream of its own.
+// stream that orders the buffers. The engine does it before every collective: gathers on the
+// backend's gather stream, reductions on its reduce stream, the rest on compute (see
+// engine/stream_roles.hpp). Until set, the communicator uses a stream of its own.
 //
 // Completion: with nccl_completion::wait (the default) a collective returns when it has
 // finished on the GPU; with ::enqueue it returns once enqueued, and synchronize() waits. Both

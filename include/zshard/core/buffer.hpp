@@ -1,6 +1,11 @@
 #pragma once
 // An owning, move-only allocation on a backend, charged to the backend's ledger under one
 // category for its whole life (I8). The destructor returns the bytes to the backend.
+//
+// On a backend with stream-ordered memory (CUDA) a buffer can be allocated in the order of a
+// given stream and freed in the order of another (reset_on): a gathered parameter is allocated
+// where the gather runs, a gradient freed where its reduction ran. Plain construction and
+// reset() use the backend's default stream; on other backends the stream is ignored.
 #include <cstddef>
 #include <utility>
 
@@ -16,6 +21,14 @@ class buffer {
   buffer(Backend& b, dtype type, std::size_t numel, mem_category c)
       : backend_(&b), type_(type), numel_(numel), category_(c) {
     data_ = b.allocate(bytes(), c);
+  }
+  template <class Stream>
+  buffer(Backend& b, dtype type, std::size_t numel, mem_category c, Stream& s)
+      : backend_(&b), type_(type), numel_(numel), category_(c) {
+    if constexpr (requires { b.allocate(bytes(), c, s); })
+      data_ = b.allocate(bytes(), c, s);
+    else
+      data_ = b.allocate(bytes(), c);
   }
   buffer(const buffer&) = delete;
   buffer& operator=(const buffer&) = delete;
@@ -34,6 +47,19 @@ class buffer {
     backend_ = nullptr;
     data_ = nullptr;
     numel_ = 0;
+  }
+
+  // Frees in the order of s: every use of the buffer must be ordered before this point of s.
+  template <class Stream>
+  void reset_on(Stream& s) noexcept {
+    if constexpr (requires { backend_->deallocate(data_, bytes(), category_, s); }) {
+      if (backend_) backend_->deallocate(data_, bytes(), category_, s);
+      backend_ = nullptr;
+      data_ = nullptr;
+      numel_ = 0;
+    } else {
+      reset();
+    }
   }
 
   void* data() const noexcept { return data_; }

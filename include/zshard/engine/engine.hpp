@@ -49,7 +49,7 @@ class engine {
   static_assert(check_partitioner<partitioner_type>());
   static_assert(check_prefetcher<prefetcher_type>());
   static_assert(check_hook_tracker<tracker_type>());
-  static_assert(check_offloader<typename Policies::offloader, offloader_type>());
+  static_assert(check_offloader<typename Policies::offloader, offloader_type, typename Backend::stream>());
   static_assert(check_reducer<typename Policies::reducer, reducer_type, offloader_type>());
 
   engine(Backend& backend, Comm& comm, model_spec spec, engine_config cfg)
@@ -58,23 +58,30 @@ class engine {
         spec_(validated(std::move(spec))),
         cfg_(validated(std::move(cfg), comm.rank())),
         layouts_(make_layouts()),
-        store_(backend, spec_, layouts_, cfg_.param_dtype),
+        store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap),
         offloader_(store_, comm, cfg_),
         reducer_(store_, comm, cfg_),
         residency_(store_, comm, prefetcher_, cfg_),
         scaler_(cfg_.loss_scale),
-        stream_(backend.make_stream()),
         lr_(cfg_.adamw.lr) {
     check_same_model_on_every_rank();
     check_module_sizes();
     tracker_.reset(spec_);
     prefetcher_.reset(spec_, layouts_, cfg_);
     initialize_parameters();
+    publish_shards();
     completed_.reserve(spec_.params().size());
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
+  // Waits for work still queued on the role streams (a gather ahead, say), so that no buffer
+  // is freed under it.
   ~engine() {
+    try {
+      store_.streams().synchronize_all();
+    } catch (...) {
+      // already failed (a collective timed out, a device error): the backend reports it again
+    }
     if (activation_bytes_) backend_.ledger().release(mem_category::activations, activation_bytes_);
   }
 
@@ -134,6 +141,7 @@ class engine {
     r.swept = std::move(swept_);
     swept_.clear();
 
+    store_.streams().order(stream_role::compute, stream_role::reduce);  // the Offloader reads gradient shards
     const auto [sum_squares, overflow] = global_grad_stats();
     const double denom = double(micro_batches_) * double(scaler_.scale());
     r.grad_norm = std::sqrt(sum_squares) / denom;
@@ -145,6 +153,7 @@ class engine {
       r.clip_coefficient = optim::clip_coefficient(r.grad_norm, cfg_.clip_norm);
       offloader_.update({++step_, lr_, static_cast<float>(r.clip_coefficient / denom)});
     }
+    publish_shards();
     scaler_.update(overflow);
     r.step = step_;
     r.loss_scale = scaler_.scale();
@@ -183,17 +192,21 @@ class engine {
   std::vector<float> gather_param(param_id p) {
     rethrow_if_broken();
     const auto& s = store_[p];
+    auto& streams = store_.streams();
     buffer<Backend> staging(backend_, dtype::f32, s.layout.padded_numel, mem_category::scratch);
     if (s.layout.replicated) {
-      backend_.convert(s.shard.data(), s.type, staging.data(), dtype::f32, s.layout.numel, stream_);
+      backend_.convert(s.shard.data(), s.type, staging.data(), dtype::f32, s.layout.numel,
+                       streams.on(stream_role::compute));
     } else {
       buffer<Backend> full(backend_, s.type, s.layout.padded_numel, mem_category::scratch);
+      streams.bind(comm_, stream_role::compute);
       comm_.all_gather(s.shard.data(), full.data(), s.layout.shard_numel, s.type);
-      backend_.convert(full.data(), s.type, staging.data(), dtype::f32, s.layout.numel, stream_);
+      backend_.convert(full.data(), s.type, staging.data(), dtype::f32, s.layout.numel,
+                       streams.on(stream_role::compute));
     }
     std::vector<float> out(s.layout.numel);
-    backend_.copy(out.data(), staging.data(), out.size() * sizeof(float), stream_);
-    backend_.synchronize(stream_);
+    backend_.copy(out.data(), staging.data(), out.size() * sizeof(float), streams.on(stream_role::compute));
+    backend_.synchronize(streams.on(stream_role::compute));
     return out;
   }
 
@@ -249,10 +262,12 @@ class engine {
       std::vector<std::uint64_t> all(world);
       buffer<Backend> mine(backend_, dtype::f32, 2, mem_category::scratch);
       buffer<Backend> gathered(backend_, dtype::f32, 2 * world, mem_category::scratch);
-      backend_.copy(mine.data(), &fp, sizeof fp, stream_);
+      auto& streams = store_.streams();
+      backend_.copy(mine.data(), &fp, sizeof fp, streams.on(stream_role::compute));
+      streams.bind(comm_, stream_role::compute);
       comm_.all_gather(mine.data(), gathered.data(), 2, dtype::f32);  // 64 bits as two f32 words: a copy
-      backend_.copy(all.data(), gathered.data(), world * sizeof fp, stream_);
-      backend_.synchronize(stream_);
+      backend_.copy(all.data(), gathered.data(), world * sizeof fp, streams.on(stream_role::compute));
+      backend_.synchronize(streams.on(stream_role::compute));
       for (std::size_t r = 0; r < world; ++r)
         ZSHARD_REQUIRE(all[r] == fp, error_kind::config,
                        "rank " + std::to_string(comm_.rank()) + " and rank " + std::to_string(r) +
@@ -283,11 +298,12 @@ class engine {
         values.assign(n, 0.0f);
         const std::size_t begin = s.layout.owned_begin(rank), end = s.layout.owned_end(rank);
         for (std::size_t g = begin; g < end; ++g) values[g - begin] = s.spec->init(static_cast<std::int64_t>(g));
+        auto& compute = store_.streams().on(stream_role::compute);
         buffer<Backend> staging(backend_, dtype::f32, n, mem_category::scratch);
-        backend_.copy(staging.data(), values.data(), n * sizeof(float), stream_);
-        backend_.convert(staging.data(), dtype::f32, s.shard.data(), s.type, n, stream_);
+        backend_.copy(staging.data(), values.data(), n * sizeof(float), compute);
+        backend_.convert(staging.data(), dtype::f32, s.shard.data(), s.type, n, compute);
         if (s.spec->trainable) offloader_.init_param(p, staging.template as<float>());
-        backend_.synchronize(stream_);
+        backend_.synchronize(compute);
       }
     }
   }
@@ -307,8 +323,9 @@ class engine {
       for (param_id p : spec_.module(m).params) {
         auto& s = store_[p];
         if (!s.spec->trainable || s.full_grad) continue;
-        s.full_grad = buffer<Backend>(backend_, dtype::f32, s.layout.padded_numel, mem_category::grad_buckets);
-        backend_.fill_zero(s.full_grad.data(), s.full_grad.bytes(), stream_);
+        auto& compute = store_.streams().on(stream_role::compute);
+        s.full_grad = buffer<Backend>(backend_, dtype::f32, s.layout.padded_numel, mem_category::grad_buckets, compute);
+        backend_.fill_zero(s.full_grad.data(), s.full_grad.bytes(), compute);
       }
     }
     ++open_scopes_;
@@ -320,6 +337,7 @@ class engine {
     rethrow_if_broken();
     try {
       --open_scopes_;
+      store_.streams().note_work(stream_role::compute);  // the scope's own kernels, before any reduction of them
       if (is_backward) {
         completed_.clear();
         tracker_.on_backward_done(m, completed_);
@@ -370,14 +388,20 @@ class engine {
     const grad_stats local = offloader_.local_grad_stats();
     const float hi = static_cast<float>(local.sum_squares);
     float msg[3] = {hi, static_cast<float>(local.sum_squares - double(hi)), local.nonfinite ? 1.0f : 0.0f};
+    auto& streams = store_.streams();
     buffer<Backend> dev(backend_, dtype::f32, 3, mem_category::scratch);
-    backend_.copy(dev.data(), msg, sizeof msg, stream_);
+    backend_.copy(dev.data(), msg, sizeof msg, streams.on(stream_role::compute));
+    streams.bind(comm_, stream_role::compute);
     comm_.all_reduce(dev.data(), dev.data(), 3, dtype::f32, reduce_op::sum);
-    backend_.copy(msg, dev.data(), sizeof msg, stream_);
-    backend_.synchronize(stream_);
+    backend_.copy(msg, dev.data(), sizeof msg, streams.on(stream_role::compute));
+    backend_.synchronize(streams.on(stream_role::compute));
     const double sum = double(msg[0]) + double(msg[1]);
     return {sum, msg[2] > 0.0f || !std::isfinite(sum)};
   }
+
+  // The optimizer (or initialisation) wrote the working shards on compute: later gathers read
+  // them. (Reductions need no extra wait: each waits for compute anyway, for the gradients.)
+  void publish_shards() { store_.streams().order(stream_role::gather, stream_role::compute); }
 
   void check(bool ok, const char* what) const {
     if (!ok) throw error(error_kind::invariant, what);
@@ -399,7 +423,6 @@ class engine {
   prefetcher_type prefetcher_{};
   residency<Backend, Comm, prefetcher_type> residency_;
   optim::loss_scaler scaler_;
-  typename Backend::stream stream_;
   float lr_;
   std::int64_t step_ = 0;
   int micro_batches_ = 0;

@@ -45,6 +45,10 @@ struct engine_config {
   double clip_norm = 0.0;  // global-norm gradient clipping; 0 turns it off
   optim::loss_scale_config loss_scale{};
   offload_config offload{};  // host Offloader: threads, SIMD path, tiles, host memory budget
+  // Gathers and gradient reductions on streams of their own, overlapping compute, when the
+  // backend has role streams (CUDA; with NCCL, create the communicator with
+  // nccl_completion::enqueue, or each collective blocks the host until done). Off: one stream.
+  bool overlap = true;
   // Where the engine and its policies say things worth a human's attention (a prefetch trace
   // divergence, swept uses). Empty: standard error, prefixed "zshard: ".
   std::function<void(const std::string&)> log{};

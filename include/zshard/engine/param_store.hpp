@@ -1,13 +1,14 @@
 #pragma once
 // Per-rank storage of every parameter: its layout, its working shard, and — while in use — its
-// gathered full value and its full gradient. The store owns the buffers; policies decide when
-// they come and go. Resident gathered elements (invariant I5) move only together with the set
+// gathered full value and its full gradient; and the role streams that order work on them
+// (stream_roles.hpp). The store owns the buffers; policies decide when they come and go. Resident gathered elements (invariant I5) move only together with the set
 // of gathered parameters — in the two functions that add to and remove from it — so the figure
 // cannot drift from the set or be reset on its own; the engine cross-checks it against a full
 // scan at every step boundary.
 #include <vector>
 
 #include "zshard/core/buffer.hpp"
+#include "zshard/engine/stream_roles.hpp"
 #include "zshard/model/model_spec.hpp"
 #include "zshard/partition/partitioner.hpp"
 
@@ -36,8 +37,9 @@ struct param_slot {
 template <class Backend>
 class param_store {
  public:
-  param_store(Backend& backend, const model_spec& spec, std::vector<shard_layout> layouts, dtype default_type)
-      : backend_(backend), spec_(spec) {
+  param_store(Backend& backend, const model_spec& spec, std::vector<shard_layout> layouts, dtype default_type,
+              bool overlap = false)
+      : backend_(backend), spec_(spec), streams_(backend, overlap) {
     slots_.resize(spec.params().size());
     for (std::size_t p = 0; p < slots_.size(); ++p) {
       auto& s = slots_[p];
@@ -51,22 +53,29 @@ class param_store {
 
   Backend& backend() noexcept { return backend_; }
   const model_spec& spec() const noexcept { return spec_; }
+  stream_roles<Backend>& streams() noexcept { return streams_; }
+  const stream_roles<Backend>& streams() const noexcept { return streams_; }
   std::size_t size() const noexcept { return slots_.size(); }
   param_slot<Backend>& operator[](param_id p) noexcept { return slots_[p]; }
   const param_slot<Backend>& operator[](param_id p) const noexcept { return slots_[p]; }
 
-  // Allocates the gathered buffer and records p as resident; the caller fills it.
+  // Allocates the gathered buffer in the gather stream's order and records p as resident; the
+  // caller fills it on that stream.
   void mark_gathered(param_id p) {
     auto& s = slots_[p];
-    s.gathered = buffer<Backend>(backend_, s.type, s.layout.padded_numel, mem_category::gathered_params);
+    s.gathered = buffer<Backend>(backend_, s.type, s.layout.padded_numel, mem_category::gathered_params,
+                                 streams_.on(stream_role::gather));
     s.set_index = gathered_set_.size();
     gathered_set_.push_back(p);
     resident_numel_ += s.layout.padded_numel;
   }
-  void release_gathered(param_id p) noexcept {
+  // Frees p's gathered buffer in the compute stream's order, after its gather (which compute
+  // may not have waited for yet: a parameter gathered ahead can be evicted unused).
+  void release_gathered(param_id p) {
     auto& s = slots_[p];
     if (!s.gathered) return;
-    s.gathered.reset();
+    streams_.order(stream_role::compute, stream_role::gather);
+    s.gathered.reset_on(streams_.on(stream_role::compute));
     const param_id last = gathered_set_.back();  // O(1) removal: the last entry takes p's place
     gathered_set_[s.set_index] = last;
     slots_[last].set_index = s.set_index;
@@ -80,6 +89,7 @@ class param_store {
  private:
   Backend& backend_;
   const model_spec& spec_;
+  stream_roles<Backend> streams_;
   std::vector<param_slot<Backend>> slots_;
   std::vector<param_id> gathered_set_;
   std::size_t resident_numel_ = 0;  // sum of padded_numel over gathered_set_

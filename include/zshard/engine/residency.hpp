@@ -5,7 +5,9 @@
 // except one module larger than it alone when allow_oversized_module is set.
 //
 // Gathers are collectives: every rank makes the same decisions in the same order, since they
-// depend only on the model, the layouts, the budgets and the sequence of scopes.
+// depend only on the model, the layouts, the budgets and the sequence of scopes. They run on
+// the gather stream; the compute stream waits for m's gathers before the scope hands out its
+// parameters, but not for the gathers ahead issued after that wait: those run while m computes.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -21,8 +23,8 @@ class residency {
   residency(param_store<Backend>& store, Comm& comm, Prefetcher& prefetcher, const engine_config& cfg)
       : store_(store), comm_(comm), prefetcher_(prefetcher), cfg_(cfg), held_(store.spec().modules().size(), false) {}
 
-  // A scope of m opens: make room, gather and pin m's parameters, check the budget, then gather
-  // what the Prefetcher asked for ahead while it fits.
+  // A scope of m opens: make room, gather and pin m's parameters, check the budget, order
+  // compute after the gathers, then gather what the Prefetcher asked for ahead while it fits.
   void open(module_id m, const std::vector<param_id>& ahead) {
     make_room(m, ahead);
     for (param_id p : params(m)) {
@@ -30,6 +32,7 @@ class residency {
       ++store_[p].pins;
     }
     check_live_budget(m);
+    store_.streams().order(stream_role::compute, stream_role::gather);
     for (param_id q : ahead)
       if (!store_[q].is_gathered() &&
           store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.prefetch.max_live_numel)
@@ -84,6 +87,7 @@ class residency {
     auto& s = store_[p];
     if (s.is_gathered()) return;
     store_.mark_gathered(p);
+    store_.streams().bind(comm_, stream_role::gather);
     comm_.all_gather(s.shard.data(), s.gathered.data(), s.layout.shard_numel, s.type);
   }
 

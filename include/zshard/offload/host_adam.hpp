@@ -75,7 +75,6 @@ class host_adam_impl {
         path_(optim::resolve(oc_.host_path)),
         tile_(optim::round_up_to_granule(oc_.host_tile_numel)),
         staging_numel_(optim::round_up_to_granule(oc_.host_staging_numel)),
-        stream_(store.backend().make_stream()),
         pool_(holds_storage ? oc_.host_threads : 1) {
     plan();
     master_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
@@ -97,22 +96,24 @@ class host_adam_impl {
   void init_param(param_id p, const float* values) {
     const auto& ps = trainable_state(p);
     if constexpr (holds_storage) {
-      store_.backend().copy(f32(master_) + ps.offset, values, ps.numel * sizeof(float), stream_);
-      store_.backend().synchronize(stream_);
+      store_.backend().copy(f32(master_) + ps.offset, values, ps.numel * sizeof(float), compute());
+      store_.backend().synchronize(compute());
     }
   }
 
-  void accumulate_grad(param_id p, const float* g, std::size_t n) {
+  void accumulate_grad(param_id p, const float* g, std::size_t n, typename Backend::stream& ready_on) {
     auto& ps = trainable_state(p);
     if (n != ps.numel)  // a branch, not ZSHARD_REQUIRE(): the message is built only on failure (no per-step allocation)
       throw error(error_kind::invariant, "host_adam: gradient of parameter '" + store_[p].spec->name + "' has " +
                                              std::to_string(n) + " elements, its shard " + std::to_string(ps.numel));
     const bool first = !ps.has_grad;
     ps.has_grad = true;
-    if constexpr (in_place)
+    if constexpr (in_place) {
+      store_.backend().synchronize(ready_on);  // the CPU reads g: it must be complete
       accumulate_in_place(ps, g, first);
+    }
     else if constexpr (holds_storage)
-      stream_from_device(ps, g, first);
+      stream_from_device(ps, g, first, ready_on);
   }
 
   // Over the gradients this rank owns; the sums were taken as the gradients arrived.
@@ -287,7 +288,8 @@ class host_adam_impl {
   // Chunks of whole tiles, each at most one staging half: copy chunk c to the host into half
   // c % 2 (the helpers may still be adding chunk c - 1 from the other half), wait for chunk
   // c - 1, start chunk c's accumulation in the background, go on.
-  void stream_from_device(const param_state& ps, const float* g, bool first) {
+  // The copies run on g's stream, so they follow the reduction that produced g.
+  void stream_from_device(const param_state& ps, const float* g, bool first, typename Backend::stream& ready_on) {
     Backend& b = store_.backend();
     for (std::size_t k = 0; k < ps.tile_count;) {
       const std::size_t base = tiles_[ps.first_tile + k].local;
@@ -297,8 +299,8 @@ class host_adam_impl {
         ++e;
       const tile& last = tiles_[ps.first_tile + e - 1];
       float* half = f32(staging_) + next_half_ * staging_numel_;
-      b.copy(half, g + base, (last.local + last.len - base) * sizeof(float), stream_);
-      b.synchronize(stream_);
+      b.copy(half, g + base, (last.local + last.len - base) * sizeof(float), ready_on);
+      b.synchronize(ready_on);
       pool_.wait();
       job_ = {this, half, ps.first_tile + k, base, first};
       pool_.start(e - k, job_);
@@ -337,20 +339,23 @@ class host_adam_impl {
         update_tile(t, half + t.staging_byte);
       };
       pool_.run(rd.tile_end - rd.tile_begin, body);
-      b.synchronize(stream_);
+      b.synchronize(compute());
       for (std::size_t s = rd.segment_begin; s < rd.segment_end; ++s) {
         const segment& seg = segments_[s];
         auto& slot = store_[seg.p];
         const std::size_t w = size_of(slot.type);
-        b.copy(static_cast<char*>(slot.shard.data()) + seg.local * w, half + seg.staging_byte, seg.len * w, stream_);
+        b.copy(static_cast<char*>(slot.shard.data()) + seg.local * w, half + seg.staging_byte, seg.len * w, compute());
       }
     }
-    b.synchronize(stream_);
+    b.synchronize(compute());
   }
 
   void clear_grads() noexcept {
     for (auto& ps : params_) ps.has_grad = false;
   }
+
+  // Init, update and gradient statistics run on the compute stream (see offloader.hpp).
+  typename Backend::stream& compute() noexcept { return store_.streams().on(stream_role::compute); }
 
   param_store<Backend>& store_;
   Comm& comm_;
@@ -360,7 +365,6 @@ class host_adam_impl {
   resource_type& memory_;
   const optim::simd_path path_;
   const std::size_t tile_, staging_numel_;
-  typename Backend::stream stream_;
   std::vector<param_state> params_;
   std::vector<tile> tiles_;
   std::vector<grad_stats> tile_stats_;  // per tile, of the accumulated gradient

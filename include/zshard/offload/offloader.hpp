@@ -4,8 +4,14 @@
 // impl = ...;`. An implementation is constructed from (param_store&, Comm&, const
 // engine_config&) and provides:
 //   init_param(p, values)        f32 initial values of p's shard (on the backend), trainable p only
-//   accumulate_grad(p, g, n)     add a reduced gradient shard (on the backend, f32); called by the
-//                                Reducer as buckets finish, so an offloader may stream it out
+//   accumulate_grad(p, g, n, s)  add a reduced gradient shard (on the backend, f32); called by the
+//                                Reducer as buckets finish, so an offloader may stream it out.
+//                                g is ready in the order of stream s (the reduce stream): read it
+//                                with work enqueued on s (or synchronize s), since the Reducer
+//                                frees g on s right after
+//   (local_grad_stats, update and discard_grads run on the compute stream, which the engine has
+//   ordered after the reduce stream; update's writes to the working shards are ordered before
+//   the next gathers by the engine as well)
 //   local_grad_stats()           sum of squares and an Inf/NaN flag over the gradients this rank
 //                                owns (a replicated parameter counts on rank 0 only), so that the
 //                                engine can all-reduce them into a global norm and overflow flag
@@ -29,10 +35,10 @@ struct update_args {
   float grad_scale = 1.0f;  // multiplies the accumulated gradient: clip / (micro-batches * loss scale)
 };
 
-template <class O>
-concept offloader = requires(O& o, param_id p, const float* g, std::size_t n, const update_args& a) {
+template <class O, class Stream>
+concept offloader = requires(O& o, param_id p, const float* g, std::size_t n, Stream& s, const update_args& a) {
   o.init_param(p, g);
-  o.accumulate_grad(p, g, n);
+  o.accumulate_grad(p, g, n, s);
   { o.local_grad_stats() } -> std::same_as<grad_stats>;
   o.update(a);
   o.discard_grads();
@@ -42,12 +48,12 @@ concept offloader = requires(O& o, param_id p, const float* g, std::size_t n, co
 template <class Family>
 concept offloader_family = opts_into<Family, offloader_tag>;
 
-template <class Family, class O>
+template <class Family, class O, class Stream>
 constexpr bool check_offloader() {
   static_assert(offloader_family<Family>,
                 "zshard: an Offloader policy declares `using zshard_tag = zshard::offloader_tag;` and "
                 "`template <class Backend, class Comm> using impl = ...;`");
-  static_assert(offloader<O>, "zshard: the Offloader implementation does not provide the contract; see "
+  static_assert(offloader<O, Stream>, "zshard: the Offloader implementation does not provide the contract; see "
                               "offload/offloader.hpp");
   return true;
 }

@@ -14,7 +14,7 @@ template <class Backend, class Comm>
 class on_device_impl {
  public:
   on_device_impl(param_store<Backend>& store, Comm& comm, const engine_config& cfg)
-      : store_(store), comm_(comm), cfg_(cfg), stream_(store.backend().make_stream()) {
+      : store_(store), comm_(comm), cfg_(cfg) {
     Backend& b = store.backend();
     state_.resize(store.size());
     for (param_id p = 0; p < store.size(); ++p) {
@@ -26,19 +26,21 @@ class on_device_impl {
       st.m = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state);
       st.v = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state);
       st.grad = buffer<Backend>(b, dtype::f32, n, mem_category::grad_shards);
-      b.fill_zero(st.m.data(), st.m.bytes(), stream_);
-      b.fill_zero(st.v.data(), st.v.bytes(), stream_);
-      b.fill_zero(st.grad.data(), st.grad.bytes(), stream_);
+      b.fill_zero(st.m.data(), st.m.bytes(), compute());
+      b.fill_zero(st.v.data(), st.v.bytes(), compute());
+      b.fill_zero(st.grad.data(), st.grad.bytes(), compute());
     }
   }
 
   void init_param(param_id p, const float* values) {
     auto& st = state_[p];
-    store_.backend().copy(st.master.data(), values, st.master.bytes(), stream_);
+    store_.backend().copy(st.master.data(), values, st.master.bytes(), compute());
   }
 
-  void accumulate_grad(param_id p, const float* g, std::size_t n) {
-    store_.backend().add_into(state_[p].grad.template as<float>(), g, n, stream_);
+  // On g's stream (the reduce stream): the shard gradient is read next by the step, which the
+  // engine orders after the reduce stream.
+  void accumulate_grad(param_id p, const float* g, std::size_t n, typename Backend::stream& ready_on) {
+    store_.backend().add_into(state_[p].grad.template as<float>(), g, n, ready_on);
   }
 
   grad_stats local_grad_stats() {
@@ -47,7 +49,7 @@ class on_device_impl {
       const auto& st = state_[p];
       if (!st.grad) continue;
       if (store_[p].layout.replicated && comm_.rank() != 0) continue;  // count replicated values once
-      total += store_.backend().grad_stats_of(st.grad.template as<float>(), st.grad.numel(), stream_);
+      total += store_.backend().grad_stats_of(st.grad.template as<float>(), st.grad.numel(), compute());
     }
     return total;
   }
@@ -62,14 +64,14 @@ class on_device_impl {
       auto& slot = store_[p];
       const auto step = optim::make_adamw_step(hyper, a.step, a.grad_scale, slot.spec->decay);
       b.adamw(step, st.master.template as<float>(), st.m.template as<float>(), st.v.template as<float>(),
-              st.grad.template as<float>(), st.grad.numel(), slot.shard.data(), slot.type, stream_);
-      b.fill_zero(st.grad.data(), st.grad.bytes(), stream_);
+              st.grad.template as<float>(), st.grad.numel(), slot.shard.data(), slot.type, compute());
+      b.fill_zero(st.grad.data(), st.grad.bytes(), compute());
     }
   }
 
   void discard_grads() {
     for (auto& st : state_)
-      if (st.grad) store_.backend().fill_zero(st.grad.data(), st.grad.bytes(), stream_);
+      if (st.grad) store_.backend().fill_zero(st.grad.data(), st.grad.bytes(), compute());
   }
 
   const memory_ledger& state_ledger() const noexcept { return store_.backend().ledger(); }
@@ -82,10 +84,12 @@ class on_device_impl {
     buffer<Backend> master, m, v, grad;
   };
 
+  // Init, update and gradient statistics run on the compute stream (see offloader.hpp).
+  typename Backend::stream& compute() noexcept { return store_.streams().on(stream_role::compute); }
+
   param_store<Backend>& store_;
   Comm& comm_;
   const engine_config& cfg_;
-  typename Backend::stream stream_;
   std::vector<param_state> state_;
 };
 

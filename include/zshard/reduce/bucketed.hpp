@@ -6,6 +6,9 @@
 // the regression this avoids copied the whole bucket just before the collective). A bucket is
 // flushed *before* a gradient that would overflow it is added, so pending elements never
 // exceed max(bucket, one parameter).
+//
+// Reductions run on the reduce stream, after the compute work that wrote the gradients; the
+// reduced shard goes to the sink on that stream and the full gradient is freed there.
 #include <vector>
 
 #include "zshard/comm/communicator.hpp"
@@ -45,17 +48,23 @@ class bucketed_reducer {
   template <class Sink>
   void reduce_one(param_id p, Sink& sink) {
     auto& s = store_[p];
+    auto& streams = store_.streams();
+    streams.order(stream_role::reduce, stream_role::compute);
     float* full = s.full_grad.template as<float>();
     if (s.layout.replicated) {
+      streams.bind(comm_, stream_role::reduce);
       comm_.all_reduce(full, full, s.layout.numel, dtype::f32, reduce_op::average);
-      sink.accumulate_grad(p, full, s.layout.numel);
+      sink.accumulate_grad(p, full, s.layout.numel, streams.on(stream_role::reduce));
     } else {
       // Output of the collective: this rank's slice only (1/world of the gradient).
-      buffer<Backend> shard(store_.backend(), dtype::f32, s.layout.shard_numel, mem_category::scratch);
+      buffer<Backend> shard(store_.backend(), dtype::f32, s.layout.shard_numel, mem_category::scratch,
+                            streams.on(stream_role::reduce));
+      streams.bind(comm_, stream_role::reduce);
       comm_.reduce_scatter(full, shard.data(), s.layout.shard_numel, dtype::f32, reduce_op::average);
-      sink.accumulate_grad(p, shard.template as<float>(), s.layout.shard_numel);
+      sink.accumulate_grad(p, shard.template as<float>(), s.layout.shard_numel, streams.on(stream_role::reduce));
+      shard.reset_on(streams.on(stream_role::reduce));
     }
-    s.full_grad.reset();
+    s.full_grad.reset_on(streams.on(stream_role::reduce));
   }
 
   param_store<Backend>& store_;

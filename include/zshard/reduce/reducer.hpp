@@ -5,7 +5,9 @@
 // (param_store&, Comm&, const engine_config&) and provides:
 //   grad_ready(p, sink)   p's full gradient (store[p].full_grad, f32, padded) is complete; reduce
 //                         it now or when its bucket fills, hand the reduced shard to
-//                         sink.accumulate_grad(p, data, n), then free the full gradient
+//                         sink.accumulate_grad(p, data, n, stream) with the stream it is
+//                         ready on, then free the full gradient. Reductions read what compute
+//                         wrote: order them after it (store.streams(), stream_roles.hpp).
 //   flush(sink)           reduce everything pending (end of backward)
 //   pending_numel()       full-gradient elements waiting (I6: <= bucket + one module's grads)
 // Collectives must be issued in the same order on every rank; grad_ready is called in the
