@@ -146,7 +146,8 @@ outcome run_checked(const program& p, const scenario& sc, int steps) {
     }
     std::lock_guard lock(mu);
     if (inner.rank() == 0) out.params = std::move(params);
-    for (const auto& v : backend.violations()) out.violations.push_back("rank " + std::to_string(inner.rank()) + ": " + v);
+    for (const auto& v : backend.violations())
+      out.violations.push_back("rank " + std::to_string(inner.rank()) + ": " + v);
     out.checked_accesses += backend.checked_accesses();
   });
   return out;

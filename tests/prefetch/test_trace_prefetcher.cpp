@@ -120,7 +120,11 @@ TEST_CASE("leaving the trace drops to on-demand, says so once, counts, and re-re
   const auto r = run<prefetch::trace>(2, cfg, {a, a, b, b, b, a});
   CHECK(r.divergences == 2);
   REQUIRE(r.log.size() == 2);  // once per rank, tagged with it
-  for (const auto& line : r.log) CHECK(line.find("left its recorded trace") != std::string::npos);
+  for (const auto& line : r.log) {
+    CHECK(line.find("left its recorded trace") != std::string::npos);
+    // where and how: the module and its use kind, against what the trace expected there
+    CHECK(line.find("module 'm2' (counted) at scope #1 where the trace has 'm1' (counted)") != std::string::npos);
+  }
   CHECK((r.log[0].rfind("rank 0: ", 0) == 0 || r.log[1].rfind("rank 0: ", 0) == 0));
   CHECK(r.resident[2].back() == numel);       // after the divergence: on demand
   CHECK(r.resident[3][0] == numel);           // re-recording b

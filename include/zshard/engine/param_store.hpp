@@ -1,10 +1,11 @@
 #pragma once
 // Per-rank storage of every parameter: its layout, its working shard, and — while in use — its
 // gathered full value and its full gradient; and the role streams that order work on them
-// (stream_roles.hpp). The store owns the buffers; policies decide when they come and go. Resident gathered elements (invariant I5) move only together with the set
-// of gathered parameters — in the two functions that add to and remove from it — so the figure
-// cannot drift from the set or be reset on its own; the engine cross-checks it against a full
-// scan at every step boundary.
+// (stream_roles.hpp). The store owns the buffers; policies decide when they come and go.
+// Resident gathered elements (invariant I5) move only together with the set of gathered
+// parameters — in the two functions that add to and remove from it — so the figure cannot
+// drift from the set or be reset on its own; the engine cross-checks it against a full scan at
+// every step boundary.
 #include <vector>
 
 #include "zshard/core/buffer.hpp"

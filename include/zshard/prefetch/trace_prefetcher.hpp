@@ -40,7 +40,7 @@ class trace {
     }
     if (state_ == state::on_demand) return;
     if (pos_ >= trace_.size() || trace_[pos_].module != m || trace_[pos_].kind != kind) {
-      diverge(m);
+      diverge(m, kind);
       return;
     }
     // The scope at pos_ runs now: if it was requested ahead, it leaves the window.
@@ -97,9 +97,14 @@ class trace {
     use_kind kind;
   };
 
-  void diverge(module_id m) {
-    const std::string expected = pos_ < trace_.size() ? "'" + spec_->module(trace_[pos_].module).name + "'" : "the end";
-    note("module '" + spec_->module(m).name + "' at scope #" + std::to_string(pos_) + " where the trace has " + expected);
+  // Names the use kind too: the same module entered as no_grad where the trace has a counted
+  // use (an evaluation pass added mid-run) is a divergence as well.
+  void diverge(module_id m, use_kind kind) {
+    const auto describe = [&](module_id mod, use_kind k) {
+      return "'" + spec_->module(mod).name + "' (" + std::string(to_string(k)) + ")";
+    };
+    const std::string expected = pos_ < trace_.size() ? describe(trace_[pos_].module, trace_[pos_].kind) : "the end";
+    note("module " + describe(m, kind) + " at scope #" + std::to_string(pos_) + " where the trace has " + expected);
     state_ = state::on_demand;
   }
   void diverge_at_step_end() {

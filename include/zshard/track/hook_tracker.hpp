@@ -25,6 +25,7 @@
 #include <concepts>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zshard/core/policy_tags.hpp"
@@ -37,6 +38,15 @@ enum class use_kind : std::uint8_t {
   recompute,  // a checkpointed block's forward re-run during backward: gathers, never counts
   no_grad,    // evaluation, reference-model passes: gathers, never counts
 };
+
+constexpr std::string_view to_string(use_kind k) noexcept {
+  switch (k) {
+    case use_kind::counted: return "counted";
+    case use_kind::recompute: return "recompute";
+    case use_kind::no_grad: return "no_grad";
+  }
+  return "?";
+}
 
 enum class step_phase : std::uint8_t { forward, backward };
 
