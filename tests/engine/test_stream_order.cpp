@@ -142,6 +142,7 @@ outcome run_checked(const program& p, const scenario& sc, int steps) {
         backend.note_access(data, bytes, write, stream_role::compute);
       });
       CHECK(eng.prefetcher().replaying());  // gathers ahead were issued from the trace
+      CHECK(comm.groups_launched() > 0);    // a module's gathers go as one group
       for (param_id q = 0; q < p.spec.params().size(); ++q) params.push_back(eng.gather_param(q));
     }
     std::lock_guard lock(mu);

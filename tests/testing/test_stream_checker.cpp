@@ -213,6 +213,38 @@ TEST_CASE("stream checker: a collective bound to the gather stream, read on comp
   }
 }
 
+TEST_CASE("stream checker: collectives in a group run at group_end, as NCCL launches a group") {
+  constexpr int world = 3;
+  constexpr std::size_t n = 4;
+  std::array<std::vector<float>, world> inside, after;
+  std::array<std::size_t, world> groups{};
+  run_ranks(world, [&](thread_comm& comm) {
+    checked_backend b;
+    checked_comm<thread_comm> cc(comm, b);
+    const auto g = b.role_stream(gather);
+    cc.set_stream(g.handle());
+    std::vector<float> src(2 * n, static_cast<float>(comm.rank() + 1)), dst(2 * world * n, -1.0f);
+    cc.group_start();
+    cc.group_start();  // nested: only the outermost end launches
+    cc.all_gather(src.data(), dst.data(), n, dtype::f32);
+    cc.all_gather(src.data() + n, dst.data() + world * n, n, dtype::f32);
+    cc.group_end();
+    const auto r = static_cast<std::size_t>(comm.rank());
+    inside[r] = dst;  // nothing ran yet
+    CHECK_THROWS_AS(cc.barrier(), error);
+    cc.group_end();
+    after[r] = dst;
+    groups[r] = cc.groups_launched();
+    CHECK_THROWS_AS(cc.group_end(), error);  // unbalanced
+  });
+  for (std::size_t r = 0; r < world; ++r) {
+    for (float x : inside[r]) CHECK(x == -1.0f);
+    for (std::size_t i = 0; i < after[r].size(); ++i)
+      CHECK(after[r][i] == static_cast<float>((i % (world * n)) / n + 1));
+    CHECK(groups[r] == 1);
+  }
+}
+
 TEST_CASE("stream checker: a reduce-scatter on the reduce stream must wait for backward") {
   constexpr int world = 2;
   constexpr std::size_t n = 4;

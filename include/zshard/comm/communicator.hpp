@@ -113,6 +113,38 @@ concept communicator = detail::comm_tagged<C> && detail::comm_has_rank_size<C> &
 template <class C, class Stream>
 concept stream_bindable = requires(C& c, const Stream& s) { c.set_stream(s.handle()); };
 
+// Optional: a communicator that launches several collectives as one (NCCL groups). Between
+// group_start() and group_end() collectives are only recorded; they run, and may be waited
+// for, at group_end(). So nothing issued inside a group may depend on a collective of the
+// same group.
+template <class C>
+concept groupable = requires(C& c) {
+  c.group_start();
+  c.group_end();
+};
+
+// Runs issue() with its collectives launched together where the communicator can group them,
+// one by one where it cannot; the group is closed even when issue() throws.
+template <class Comm, class Issue>
+void grouped(Comm& comm, Issue&& issue) {
+  if constexpr (groupable<Comm>) {
+    comm.group_start();
+    try {
+      issue();
+    } catch (...) {
+      try {
+        comm.group_end();
+      } catch (...) {
+        // the first failure is the one to report
+      }
+      throw;
+    }
+    comm.group_end();
+  } else {
+    issue();
+  }
+}
+
 // `static_assert(check_communicator<my_comm>());` next to a communicator's definition: each
 // missing piece of the contract fails with its own message instead of a wall of template text.
 template <class C>

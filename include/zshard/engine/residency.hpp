@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "zshard/comm/communicator.hpp"
 #include "zshard/engine/engine_config.hpp"
 #include "zshard/engine/param_store.hpp"
 
@@ -25,18 +26,21 @@ class residency {
 
   // A scope of m opens: make room, gather and pin m's parameters, check the budget, order
   // compute after the gathers, then gather what the Prefetcher asked for ahead while it fits.
+  // Each of the two sets of gathers is launched as one group where the communicator can.
   void open(module_id m, const std::vector<param_id>& ahead) {
     make_room(m, ahead);
-    for (param_id p : params(m)) {
-      gather(p);
-      ++store_[p].pins;
-    }
+    grouped(comm_, [&] {
+      for (param_id p : params(m)) gather(p);
+    });
+    for (param_id p : params(m)) ++store_[p].pins;
     check_live_budget(m);
     store_.streams().order(stream_role::compute, stream_role::gather);
-    for (param_id q : ahead)
-      if (!store_[q].is_gathered() &&
-          store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.prefetch.max_live_numel)
-        gather(q);
+    grouped(comm_, [&] {
+      for (param_id q : ahead)
+        if (!store_[q].is_gathered() &&
+            store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.prefetch.max_live_numel)
+          gather(q);
+    });
   }
 
   // A scope of m closes; `held` is the HookTracker's word on keeping m gathered. The hold is

@@ -13,13 +13,16 @@
 // happens to give the right values, and is recorded as a readable violation.
 //
 // checked_comm wraps a communicator so its collectives count as work on the stream they are
-// bound to (set_stream), as NCCL's are. The training stack's own kernels are invisible to the
+// bound to (set_stream), as NCCL's are; inside group_start()/group_end() they are held back and
+// run at group_end(), as NCCL launches a group, so work that wrongly depends on a collective of
+// its own group reads what was there before. The training stack's own kernels are invisible to the
 // backend: tests report them with note_access().
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -295,34 +298,65 @@ class checked_comm {
 
   void all_gather(const void* src, void* dst, std::size_t count, dtype t) {
     const std::size_t block = count * size_of(t);
-    backend_->operation("all_gather", stream_, {{src, block, false}, {dst, block * world(), true}});
-    inner_->all_gather(src, dst, count, t);
+    issue([=, this, s = stream_] {
+      backend_->operation("all_gather", s, {{src, block, false}, {dst, block * world(), true}});
+      inner_->all_gather(src, dst, count, t);
+    });
   }
   void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
     const std::size_t block = count * size_of(t);
-    backend_->operation("reduce_scatter", stream_, {{src, block * world(), false}, {dst, block, true}});
-    inner_->reduce_scatter(src, dst, count, t, op);
+    issue([=, this, s = stream_] {
+      backend_->operation("reduce_scatter", s, {{src, block * world(), false}, {dst, block, true}});
+      inner_->reduce_scatter(src, dst, count, t, op);
+    });
   }
   void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
     const std::size_t bytes = count * size_of(t);
-    backend_->operation("all_reduce", stream_, {{src, bytes, false}, {dst, bytes, true}});
-    inner_->all_reduce(src, dst, count, t, op);
+    issue([=, this, s = stream_] {
+      backend_->operation("all_reduce", s, {{src, bytes, false}, {dst, bytes, true}});
+      inner_->all_reduce(src, dst, count, t, op);
+    });
   }
   void broadcast(void* dst, std::size_t count, dtype t, int root) {
-    backend_->operation("broadcast", stream_, {{dst, count * size_of(t), true}});  // read and written in place
-    inner_->broadcast(dst, count, t, root);
+    issue([=, this, s = stream_] {
+      backend_->operation("broadcast", s, {{dst, count * size_of(t), true}});  // read and written in place
+      inner_->broadcast(dst, count, t, root);
+    });
   }
-  void barrier() { inner_->barrier(); }
+  void barrier() {
+    ZSHARD_REQUIRE(group_depth_ == 0, error_kind::usage, "barrier() inside a group_start()/group_end() pair");
+    inner_->barrier();
+  }
+
+  // Nestable; the held collectives run, in order, when the outermost group ends.
+  void group_start() { ++group_depth_; }
+  void group_end() {
+    ZSHARD_REQUIRE(group_depth_ > 0, error_kind::usage, "group_end() without group_start()");
+    if (--group_depth_ > 0) return;
+    auto held = std::move(held_);
+    held_.clear();
+    for (auto& run : held) run();
+  }
+  std::size_t groups_launched() const noexcept { return groups_launched_; }
 
  private:
   std::size_t world() const { return static_cast<std::size_t>(size()); }
+  template <class Run>
+  void issue(Run&& run) {
+    if (group_depth_ == 0) return run();
+    if (held_.empty()) ++groups_launched_;
+    held_.emplace_back(std::forward<Run>(run));
+  }
 
   Comm* inner_;
   checked_backend* backend_;
   checked_backend::stream stream_{};
+  int group_depth_ = 0;
+  std::vector<std::function<void()>> held_;  // collectives of the open group
+  std::size_t groups_launched_ = 0;          // groups that held at least one collective
 };
 
-static_assert(check_communicator<checked_comm<thread_comm>>());
+static_assert(check_communicator<checked_comm<thread_comm>>() && groupable<checked_comm<thread_comm>>);
 static_assert(stream_bindable<checked_comm<thread_comm>, checked_backend::stream>);
 
 }  // namespace zshard::testing
