@@ -34,7 +34,10 @@ TEST_CASE("scopes out of order are usage errors") {
   run_ranks(2, [](thread_comm& comm) {
     toy::ids id;
     host_backend backend;
-    host_engine eng(backend, comm, toy::make_spec({}, id), {});
+    std::vector<std::string> log;  // this rank's engine only
+    engine_config cfg;
+    cfg.log = [&](const std::string& line) { log.push_back(line); };
+    host_engine eng(backend, comm, toy::make_spec({}, id), cfg);
     // backward of a module never forwarded
     eng.begin_backward();
     CHECK(message_of([&] { auto g = eng.backward(id.head); }).find("no counted forward pending") != std::string::npos);
@@ -70,6 +73,10 @@ TEST_CASE("scopes out of order are usage errors") {
     }
     eng.end_backward();
     eng.step();
+    // The second step left the first one's trace (it starts at layer0, not embed): said once.
+    REQUIRE(log.size() == 1);
+    CHECK(log[0].find("module 'layer0' (counted) at scope #0 where the trace has 'embed' (counted)") !=
+          std::string::npos);
   });
 }
 

@@ -1,19 +1,17 @@
 // The GPT example's math, alone (no engine): gradients against finite differences for every
 // parameter of every module kind, accumulation and recompute semantics the engine relies on,
-// deterministic init and data, and that a tiny model actually learns the synthetic language.
+// deterministic init, clear errors for bad shapes and tokens, and float/double agreement.
+// The corpus and a short training run are in test_gpt_training.cpp.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "../../examples/gpt/corpus.hpp"
 #include "../../examples/gpt/gpt_model.hpp"
 
 namespace {
@@ -64,20 +62,17 @@ struct grad_checker {
   double worst = 0.0;
   int checked = 0;
 
-  void check(std::vector<double>& values, const std::vector<double>& analytic,
-             const std::function<double()>& f, const std::string& what, int samples = 6,
-             const std::vector<std::size_t>& candidates = {}) {
+  void check(std::vector<double>& values, const std::vector<double>& analytic, const std::function<double()>& f,
+             const std::string& what, int samples = 6, const std::vector<std::size_t>& candidates = {}) {
     for (int s = 0; s < samples; ++s) {
-      const std::size_t i =
-          candidates.empty()
-              ? static_cast<std::size_t>(r.below(static_cast<int>(values.size())))
-              : candidates[static_cast<std::size_t>(r.below(static_cast<int>(candidates.size())))];
+      const std::size_t i = candidates.empty()
+                                ? static_cast<std::size_t>(r.below(static_cast<int>(values.size())))
+                                : candidates[static_cast<std::size_t>(r.below(static_cast<int>(candidates.size())))];
       check_one(values[i], analytic[i], f, what + "[" + std::to_string(i) + "]");
     }
   }
 
-  void check_one(double& v, double analytic, const std::function<double()>& f,
-                 const std::string& what) {
+  void check_one(double& v, double analytic, const std::function<double()>& f, const std::string& what) {
     constexpr double eps = 1e-5;
     const double saved = v;
     v = saved + eps;
@@ -89,8 +84,7 @@ struct grad_checker {
     // Relative error, with a floor: some gradients are exactly zero (the key bias shifts
     // every score of a softmax row equally), and their numeric estimate is rounding noise
     // (~|f| * 1e-16 / eps ~ 1e-10), so below 1e-2 the check becomes |diff| < 1e-8.
-    const double err =
-        std::abs(numeric - analytic) / std::max({std::abs(numeric), std::abs(analytic), 1e-2});
+    const double err = std::abs(numeric - analytic) / std::max({std::abs(numeric), std::abs(analytic), 1e-2});
     worst = std::max(worst, err);
     ++checked;
     INFO(what << ": analytic " << analytic << " numeric " << numeric);
@@ -106,8 +100,7 @@ TEST_CASE("gpt_config::validate names the problem") {
   auto c = tiny_config();
   CHECK_NOTHROW(c.validate());
   c.n_heads = 3;
-  CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("divisible by n_heads"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("divisible by n_heads"), std::invalid_argument);
   c = tiny_config();
   c.vocab = 1;
   CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("vocab"), std::invalid_argument);
@@ -220,8 +213,7 @@ TEST_CASE("gradient check: block (every parameter and the input)") {
     return dot(y, r);
   };
   grad_checker g;
-  for (std::size_t k = 0; k < desc.params.size(); ++k)
-    g.check(p.values[k], p.grads[k], f, desc.params[k].name);
+  for (std::size_t k = 0; k < desc.params.size(); ++k) g.check(p.values[k], p.grads[k], f, desc.params[k].name);
   for (int s = 0; s < 10; ++s) {
     const auto i = static_cast<gpt::index>(g.r.below(static_cast<int>(x.size())));
     g.check_one(x.data()[i], dx.data()[i], f, "block.dx[" + std::to_string(i) + "]");
@@ -246,8 +238,7 @@ TEST_CASE("gradient check: head (every parameter and the input)") {
     return dot(logits, r);
   };
   grad_checker g;
-  for (std::size_t k = 0; k < desc.params.size(); ++k)
-    g.check(p.values[k], p.grads[k], f, desc.params[k].name);
+  for (std::size_t k = 0; k < desc.params.size(); ++k) g.check(p.values[k], p.grads[k], f, desc.params[k].name);
   for (int s = 0; s < 10; ++s) {
     const auto i = static_cast<gpt::index>(g.r.below(static_cast<int>(x.size())));
     g.check_one(x.data()[i], dx.data()[i], f, "head.dx[" + std::to_string(i) + "]");
@@ -277,8 +268,7 @@ TEST_CASE("gradient check: cross-entropy (mean over tokens, scaled)") {
     const auto i = static_cast<gpt::index>(g.r.below(static_cast<int>(logits.size())));
     g.check_one(logits.data()[i], dlogits.data()[i], f, "dlogits[" + std::to_string(i) + "]");
   }
-  CHECK_THROWS_AS(gpt::cross_entropy_forward<double>(logits, random_tokens(n, v + 5, 1), cache),
-                  std::out_of_range);
+  CHECK_THROWS_AS(gpt::cross_entropy_forward<double>(logits, random_tokens(n, v + 5, 1), cache), std::out_of_range);
 }
 
 TEST_CASE("gradient check: whole model through plain_model::forward_backward") {
@@ -286,8 +276,7 @@ TEST_CASE("gradient check: whole model through plain_model::forward_backward") {
   gpt::plain_model<double> m(c, 13);
   for (std::size_t i = 0; i < m.modules.size(); ++i) randomise(m.modules[i], m.desc[i], 100 + i);
   const int B = 2, T = 6;
-  const auto tokens = random_tokens(B * T, c.vocab, 14),
-             targets = random_tokens(B * T, c.vocab, 15);
+  const auto tokens = random_tokens(B * T, c.vocab, 14), targets = random_tokens(B * T, c.vocab, 15);
   gpt::model_workspace<double> ws;
   gpt::forward_backward(m, tokens, targets, B, T, ws);
   const auto f = [&] {
@@ -330,8 +319,7 @@ TEST_CASE("backward accumulates: running it twice doubles every gradient") {
   for (std::size_t i : {0, 1, 3})
     for (std::size_t k = 0; k < once[i].grads.size(); ++k)
       for (std::size_t e = 0; e < once[i].grads[k].size(); ++e)
-        REQUIRE(m.modules[i].grads[k][e] ==
-                doctest::Approx(2 * once[i].grads[k][e]).epsilon(1e-12));
+        REQUIRE(m.modules[i].grads[k][e] == doctest::Approx(2 * once[i].grads[k][e]).epsilon(1e-12));
 }
 
 TEST_CASE("recompute (activation checkpointing) reproduces the cache; in-place use is safe") {
@@ -391,8 +379,7 @@ TEST_CASE("modules reject bad shapes and tokens with clear errors") {
                        doctest::Contains("expected [10, 8]"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(gpt::block_forward(c, m.block(0), mat<double>::Zero(14, 8), 2, 7, bc, y),
                        doctest::Contains("seq_len"), std::invalid_argument);
-  CHECK_THROWS_AS(gpt::block_backward(c, m.block(0), bc, mat<double>::Zero(10, 8), y),
-                  std::invalid_argument);
+  CHECK_THROWS_AS(gpt::block_backward(c, m.block(0), bc, mat<double>::Zero(10, 8), y), std::invalid_argument);
   gpt::embed_cache<double> ec;
   const std::vector<int32_t> bad{0, 1, 11, 2};
   CHECK_THROWS_AS(gpt::embed_forward(c, m.embed(), bad, 1, 4, ec, y), std::out_of_range);
@@ -409,105 +396,4 @@ TEST_CASE("float and double models agree at init") {
   const double ld = gpt::forward_loss(md, tokens, targets, 2, 6, wd);
   CHECK(lf == doctest::Approx(ld).epsilon(1e-5));
   CHECK(ld == doctest::Approx(std::log(11.0)).epsilon(0.02));  // near-uniform at init
-}
-
-TEST_CASE("corpus: deterministic, in range, and targets are the inputs shifted by one") {
-  const auto a = gpt::corpus::synthetic(5, 64, 20000), b = gpt::corpus::synthetic(5, 64, 20000);
-  const auto other = gpt::corpus::synthetic(6, 64, 20000);
-  REQUIRE(a.size() == 20000);
-  CHECK(std::equal(a.tokens().begin(), a.tokens().end(), b.tokens().begin()));
-  CHECK(!std::equal(a.tokens().begin(), a.tokens().end(), other.tokens().begin()));
-  CHECK(std::all_of(a.tokens().begin(), a.tokens().end(),
-                    [](int32_t t) { return t >= 0 && t < 64; }));
-  // Counting sentences count: a digit after "count" or a digit is the next digit, or ".".
-  const auto tok = a.tokens();
-  constexpr int d0 = gpt::synthetic_language::digit0;
-  for (std::size_t i = 1; i + 1 < tok.size(); ++i)
-    if (tok[i] >= d0 && tok[i] < d0 + 10 && tok[i + 1] != gpt::synthetic_language::period)
-      REQUIRE(tok[i + 1] == d0 + (tok[i] - d0 + 1) % 10);
-
-  const int B = 4, T = 16;
-  const auto g1 = a.get_batch(3, B, T), g2 = b.get_batch(3, B, T), g3 = a.get_batch(4, B, T);
-  CHECK(g1.tokens == g2.tokens);
-  CHECK(g1.targets == g2.targets);
-  CHECK(g1.tokens != g3.tokens);
-  for (int r = 0; r < B; ++r) {
-    for (int t = 0; t + 1 < T; ++t) CHECK(g1.targets[r * T + t] == g1.tokens[r * T + t + 1]);
-    const std::size_t s = a.window_start(3, r, T);
-    CHECK(g1.targets[r * T + T - 1] == tok[s + T]);
-  }
-  // A rank fetching only its rows gets exactly its slice of the global batch.
-  const auto mine = a.get_rows(3, 2, 2, T), sliced = g1.slice(2, 2);
-  CHECK(mine.tokens == sliced.tokens);
-  CHECK(mine.targets == sliced.targets);
-  CHECK(mine.batch_size == 2);
-  CHECK_THROWS_AS(g1.slice(3, 2), std::out_of_range);
-  CHECK_THROWS_AS(gpt::synthetic_language(16), std::invalid_argument);
-}
-
-TEST_CASE("corpus: a text file is read as bytes; missing or short files say so") {
-  const auto dir = std::filesystem::temp_directory_path();
-  const auto path =
-      (dir / ("zshard_gpt_corpus_" + std::to_string(std::hash<std::string>{}(__FILE__)) + ".txt"))
-          .string();
-  {
-    std::ofstream out(path, std::ios::binary);
-    out << "hello, zshard\xff";
-  }
-  const auto c = gpt::corpus::from_file(path, 8);
-  CHECK(c.vocab() == 256);
-  REQUIRE(c.size() == 14);
-  CHECK(c.tokens()[0] == 'h');
-  CHECK(c.tokens()[13] == 255);
-  const auto bt = c.get_batch(0, 3, 8);
-  CHECK(bt.tokens.size() == 24);
-  CHECK_THROWS_WITH_AS(gpt::corpus::from_file(path, 64), doctest::Contains("need at least 65"),
-                       std::runtime_error);
-  CHECK_THROWS_AS(c.get_batch(0, 1, 14), std::invalid_argument);
-  std::filesystem::remove(path);
-  CHECK_THROWS_WITH_AS(gpt::corpus::from_file(path, 8), doctest::Contains("cannot open"),
-                       std::runtime_error);
-}
-
-TEST_CASE("a tiny model learns the synthetic language: 30 Adam steps cut the loss by > 30%") {
-  const gpt::gpt_config c{
-      .vocab = 64, .seq_len = 16, .d_model = 32, .n_heads = 4, .n_layers = 2, .d_ff = 64};
-  const auto data = gpt::corpus::synthetic(1, c.vocab, 1 << 16);
-  gpt::plain_model<float> m(c, 1);
-  gpt::model_workspace<float> ws;
-
-  // Plain Adam, inline: this checks the model and data, not zshard's optimizer.
-  auto mean = m.modules, var = m.modules;  // same shapes; only .values are used
-  for (auto* s : {&mean, &var})
-    for (auto& mod : *s)
-      for (auto& v : mod.values) std::fill(v.begin(), v.end(), 0.0f);
-  constexpr float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.99f, eps = 1e-8f;
-
-  std::vector<double> losses;
-  const int B = 16, T = 16;
-  for (int step = 1; step <= 30; ++step) {
-    const auto bt = data.get_batch(static_cast<uint64_t>(step), B, T);
-    m.zero_grad();
-    losses.push_back(gpt::forward_backward(m, bt.tokens, bt.targets, B, T, ws));
-    const float c1 = 1 - std::pow(beta1, static_cast<float>(step));
-    const float c2 = 1 - std::pow(beta2, static_cast<float>(step));
-    for (std::size_t i = 0; i < m.modules.size(); ++i)
-      for (std::size_t k = 0; k < m.modules[i].values.size(); ++k) {
-        auto &v = m.modules[i].values[k], &mv = mean[i].values[k], &vv = var[i].values[k];
-        const auto& g = m.modules[i].grads[k];
-        for (std::size_t e = 0; e < v.size(); ++e) {
-          mv[e] = beta1 * mv[e] + (1 - beta1) * g[e];
-          vv[e] = beta2 * vv[e] + (1 - beta2) * g[e] * g[e];
-          v[e] -= lr * (mv[e] / c1) / (std::sqrt(vv[e] / c2) + eps);
-        }
-      }
-  }
-  std::string curve;
-  for (double l : losses) curve += std::to_string(l).substr(0, 5) + " ";
-  MESSAGE("loss curve: " << curve);
-  CHECK(losses.front() == doctest::Approx(std::log(64.0)).epsilon(0.03));
-  double tail = 0;
-  for (std::size_t i = losses.size() - 5; i < losses.size(); ++i) tail += losses[i] / 5;
-  CHECK(tail < 0.7 * losses.front());
-  CHECK(losses.back() < 0.7 * losses.front());
 }
