@@ -26,6 +26,8 @@ struct param_slot {
   int pins = 0;                  // open scopes using this parameter
   int holds = 0;                 // modules the HookTracker holds gathered that list this parameter
   std::size_t set_index = 0;     // position in the store's gathered set while gathered
+  // The end of p's gather on the gather stream, until compute has waited for it.
+  typename stream_roles<Backend>::mark gather_done{};
 
   // Gathered but neither in use nor held: may be released to make room.
   bool evictable() const noexcept { return gathered && pins == 0 && holds == 0; }
@@ -70,12 +72,19 @@ class param_store {
     gathered_set_.push_back(p);
     resident_numel_ += s.layout.padded_numel;
   }
+  // Compute waits for p's gather (once): before a scope hands p out, and before freeing it.
+  void await_gather(param_id p) {
+    auto& s = slots_[p];
+    streams_.wait_for(stream_role::compute, s.gather_done);
+    s.gather_done = {};
+  }
+
   // Frees p's gathered buffer in the compute stream's order, after its gather (which compute
   // may not have waited for yet: a parameter gathered ahead can be evicted unused).
   void release_gathered(param_id p) {
     auto& s = slots_[p];
     if (!s.gathered) return;
-    streams_.order(stream_role::compute, stream_role::gather);
+    await_gather(p);
     s.gathered.reset_on(streams_.on(stream_role::compute));
     const param_id last = gathered_set_.back();  // O(1) removal: the last entry takes p's place
     gathered_set_[s.set_index] = last;

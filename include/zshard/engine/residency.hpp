@@ -24,22 +24,18 @@ class residency {
   residency(param_store<Backend>& store, Comm& comm, Prefetcher& prefetcher, const engine_config& cfg)
       : store_(store), comm_(comm), prefetcher_(prefetcher), cfg_(cfg), held_(store.spec().modules().size(), false) {}
 
-  // A scope of m opens: make room, gather and pin m's parameters, check the budget, order
-  // compute after the gathers, then gather what the Prefetcher asked for ahead while it fits.
-  // Each of the two sets of gathers is launched as one group where the communicator can.
+  // A scope of m opens: make room, gather and pin m's parameters, check the budget, make
+  // compute wait for their gathers (those issued now, or ahead earlier), then gather what the
+  // Prefetcher asked for ahead while it fits. Each set of gathers is launched as one group
+  // where the communicator can.
   void open(module_id m, const std::vector<param_id>& ahead) {
     make_room(m, ahead);
-    grouped(comm_, [&] {
-      for (param_id p : params(m)) gather(p);
-    });
+    gather_group(params(m), [](param_id) { return true; });
     for (param_id p : params(m)) ++store_[p].pins;
     check_live_budget(m);
-    store_.streams().order(stream_role::compute, stream_role::gather);
-    grouped(comm_, [&] {
-      for (param_id q : ahead)
-        if (!store_[q].is_gathered() &&
-            store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.prefetch.max_live_numel)
-          gather(q);
+    for (param_id p : params(m)) store_.await_gather(p);
+    gather_group(ahead, [&](param_id q) {
+      return store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.prefetch.max_live_numel;
     });
   }
 
@@ -87,12 +83,34 @@ class residency {
  private:
   const std::vector<param_id>& params(module_id m) const { return store_.spec().module(m).params; }
 
-  void gather(param_id p) {
-    auto& s = store_[p];
-    if (s.is_gathered()) return;
-    store_.mark_gathered(p);
-    store_.streams().bind(comm_, stream_role::gather);
-    comm_.all_gather(s.shard.data(), s.gathered.data(), s.layout.shard_numel, s.type);
+  // Gathers the parameters of `wanted` not yet gathered that `admit` lets in, as one group,
+  // then marks the group's end on the gather stream for each (a group's collectives run at
+  // its end, so the mark must come after it).
+  template <class Admit>
+  void gather_group(const std::vector<param_id>& wanted, Admit&& admit) {
+    issued_.clear();
+    try {
+      grouped(comm_, [&] {
+        for (param_id p : wanted) {
+          auto& s = store_[p];
+          if (s.is_gathered() || !admit(p)) continue;
+          store_.mark_gathered(p);
+          store_.streams().bind(comm_, stream_role::gather);
+          comm_.all_gather(s.shard.data(), s.gathered.data(), s.layout.shard_numel, s.type);
+          issued_.push_back(p);
+        }
+      });
+    } catch (...) {
+      mark_issued();  // what was gathered before the failure (a budget error, say) stays ordered
+      throw;
+    }
+    mark_issued();
+  }
+
+  void mark_issued() {
+    if (issued_.empty()) return;
+    const auto done = store_.streams().mark_now(stream_role::gather);
+    for (param_id p : issued_) store_[p].gather_done = done;
   }
 
   void release_if_unused(param_id p) {
@@ -141,7 +159,8 @@ class residency {
   Comm& comm_;
   Prefetcher& prefetcher_;
   const engine_config& cfg_;
-  std::vector<bool> held_;  // modules the HookTracker holds gathered
+  std::vector<bool> held_;        // modules the HookTracker holds gathered
+  std::vector<param_id> issued_;  // the gathers of the group being issued
 };
 
 }  // namespace zshard

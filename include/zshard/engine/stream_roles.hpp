@@ -10,19 +10,26 @@
 //
 // The rules the engine keeps (tests/engine/test_stream_order.cpp checks them with a race
 // detector, testing/stream_checker.hpp):
-//   - compute waits for gather before a scope hands out parameters, and before it frees a
-//     gathered buffer (a prefetched parameter may be evicted before anyone used it);
+//   - compute waits for a parameter's own gather (a mark, below) before a scope hands it out,
+//     and before it frees the gathered buffer (a prefetched parameter may be evicted unused);
 //   - reduce waits for compute before reducing what backward wrote;
 //   - compute waits for reduce before reading gradient shards (the step);
 //   - gather waits for compute after the optimizer wrote the shards (the step).
-// One event per source stream is enough: a wait is enqueued right after its record, and a
-// wait captures the event as recorded when it is enqueued, so re-recording it later is safe.
+// For order(), one event per source stream is enough: a wait is enqueued right after its
+// record, and a wait captures the event as recorded when it is enqueued, so re-recording it
+// later is safe.
 //
 // Every piece of work is enqueued through on(role), which counts it; order(waiter, source)
 // skips the wait when nothing was enqueued on source since waiter last waited for it, so the
 // engine can ask for ordering wherever it is needed without paying for redundant events.
+//
+// order() waits for everything enqueued on the source so far. A parameter gathered ahead needs
+// less: only its own gather, not the gathers issued after it for modules further ahead, or
+// the prefetch window would shrink to one module whenever gathers are slower than compute.
+// For that a point of a stream's work can be marked (mark_now) and waited for later (wait_for).
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "zshard/backend/backend.hpp"
 #include "zshard/comm/communicator.hpp"
@@ -70,6 +77,35 @@ class stream_roles {
     seen_[w][s] = enqueued_[s];
   }
 
+  // A point in `source`'s work that a waiter can wait for later. enqueued == 0: nothing to wait for.
+  struct mark {
+    stream_role source = stream_role::compute;
+    std::uint32_t slot = 0;
+    std::uint64_t enqueued = 0;  // source's count of work when marked
+  };
+
+  // Marks everything enqueued on `source` so far.
+  mark mark_now(stream_role source) {
+    if (!overlapped_) return {};
+    const std::size_t s = index(source);
+    auto& ring = marks_[s];
+    if (ring.empty())
+      for (std::size_t i = 0; i < mark_slots; ++i) ring.push_back(backend_.make_event());
+    const auto slot = static_cast<std::uint32_t>(next_mark_[s]++ % mark_slots);
+    backend_.record(ring[slot], streams_[s]);
+    return {source, slot, enqueued_[s]};
+  }
+
+  // Work enqueued on `waiter` from now on runs after the marked point. Marks reuse a ring of
+  // events: if m's event has been recorded again since, on the same stream, the wait also
+  // covers later work there — more than needed, never less.
+  void wait_for(stream_role waiter, const mark& m) {
+    if (!overlapped_ || m.enqueued == 0) return;
+    const std::size_t w = index(waiter), s = index(m.source);
+    if (seen_[w][s] >= m.enqueued) return;  // already waited past it with order()
+    backend_.wait(streams_[w], marks_[s][m.slot]);
+  }
+
   // Collectives from now on run on `role`'s stream, when the communicator takes a stream. A
   // communicator that does not finishes each collective before returning, so it is ordered
   // with every stream already.
@@ -86,6 +122,9 @@ class stream_roles {
 
  private:
   static std::size_t index(stream_role r) noexcept { return static_cast<std::size_t>(r); }
+  // Marks alive at once: the gathers between a parameter's gather and its use (the prefetch
+  // window). Past that, an older mark's wait is merely conservative.
+  static constexpr std::size_t mark_slots = 64;
 
   Backend& backend_;
   bool overlapped_;
@@ -93,6 +132,8 @@ class stream_roles {
   std::array<typename Backend::event, role_count> events_{};
   std::array<std::uint64_t, role_count> enqueued_{};
   std::array<std::array<std::uint64_t, role_count>, role_count> seen_{};  // [waiter][source]
+  std::array<std::vector<typename Backend::event>, role_count> marks_{};  // per source, made on first use
+  std::array<std::uint64_t, role_count> next_mark_{};
 };
 
 }  // namespace zshard

@@ -178,6 +178,19 @@ class checked_backend {
     const auto [id, t] = op(role_stream(r));
     touch("note_access", id, t, p, bytes, write);
   }
+  // Whether work enqueued on r now would be ordered after the last write to the allocation
+  // holding p: for tests of how little a stream waits (false for memory not tracked here).
+  bool sees_last_write(stream_role r, const void* p) const {
+    auto it = live_.upper_bound(address(p));
+    if (it == live_.begin()) return false;
+    --it;
+    if (address(p) >= it->first + it->second.bytes) return false;
+    const mark& w = it->second.last_write;
+    const auto seen = [&](int participant) {
+      return vc_[static_cast<std::size_t>(participant)][std::size_t(w.stream)];
+    };
+    return std::max(seen(static_cast<int>(r)), seen(host)) >= w.tick;  // enqueuing joins the host's clock
+  }
   const std::vector<std::string>& violations() const noexcept { return violations_; }
   // Accesses that fell in a live allocation: proof that the checker saw the work at all.
   std::size_t checked_accesses() const noexcept { return checked_accesses_; }
