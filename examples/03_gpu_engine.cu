@@ -83,7 +83,6 @@ int main(int argc, char** argv) {
                         zshard::format_bytes(double(backend.ledger().total_peak())).c_str());
         }
       }
-      comm.set_stream(nullptr);  // the engine bound the backend's streams; they go with it
     }, comm_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "03_gpu_engine: %s\n", e.what());

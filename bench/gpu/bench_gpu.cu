@@ -148,7 +148,7 @@ std::vector<coll_row> bench_collectives(const std::vector<int>& devs, bool quick
       [&](zshard::nccl_comm& c) {
         cuda_backend b({.device = c.device()});
         const auto s = b.make_stream();
-        c.set_stream(s.handle());
+        const auto cs = zshard::comm_stream::of(s);
         const std::vector<std::size_t> sizes =
             quick ? std::vector<std::size_t>{mib, 64 * mib}
                   : std::vector<std::size_t>{mib, 16 * mib, 64 * mib, 256 * mib};
@@ -159,11 +159,12 @@ std::vector<coll_row> bench_collectives(const std::vector<int>& devs, bool quick
           b.fill_zero(part.data(), bytes, s);
           const int reps = bytes >= 64 * mib ? 5 : 20;
           const std::size_t ag_count = bytes / 2 / std::size_t(w), rs_count = bytes / 4 / std::size_t(w);
-          c.barrier();
-          const double ag = best_ms(b, s, reps, [&] { c.all_gather(part.data(), full.data(), ag_count, dtype::bf16); });
-          c.barrier();
+          c.barrier(cs);
+          const double ag =
+              best_ms(b, s, reps, [&] { c.all_gather(part.data(), full.data(), ag_count, dtype::bf16, cs); });
+          c.barrier(cs);
           const double rs = best_ms(b, s, reps, [&] {
-            c.reduce_scatter(full.data(), part.data(), rs_count, dtype::f32, zshard::reduce_op::average);
+            c.reduce_scatter(full.data(), part.data(), rs_count, dtype::f32, zshard::reduce_op::average, cs);
           });
           const double cp = best_ms(b, s, reps, [&] { b.copy(part.data(), full.data(), bytes, s); });
           if (c.rank() == 0) {
@@ -173,7 +174,6 @@ std::vector<coll_row> bench_collectives(const std::vector<int>& devs, bool quick
           }
         }
         c.synchronize();
-        c.set_stream(nullptr);
       },
       opts);
   std::printf("\n2. nccl collectives, %d GPU(s); S = full buffer\n%8s %-24s %10s %11s %11s %11s\n", w, "S_MiB", "op",
@@ -268,7 +268,6 @@ engine_result bench_engine(const std::vector<int>& devs, zshard::nccl_completion
       }
     }
     c.synchronize();
-    c.set_stream(nullptr);
   });
   return result;
 }
@@ -313,13 +312,12 @@ std::pair<double, double> bench_overlap(const std::vector<int>& devs, bool quick
     const auto pass = [&](bool overlap) {
       const stream& g_stream = overlap ? gs : compute;
       const stream& r_stream = overlap ? rs : compute;
-      gc.set_stream(g_stream.handle());
-      rc.set_stream(r_stream.handle());
+      const auto g_cs = zshard::comm_stream::of(g_stream), r_cs = zshard::comm_stream::of(r_stream);
       // Use u = 0..2L-1: forward blocks 0..L-1, then backward blocks L-1..0. Gather u+1 while u computes.
       const auto block_of = [&](int u) { return u < layers ? u : 2 * layers - 1 - u; };
       const auto gather = [&](int u) {
         if (u >= 2) b.wait(g_stream, used_ev[std::size_t(u - 2)]);  // its buffer's last reader is done
-        gc.all_gather(shards[std::size_t(block_of(u))].data(), gathered[u % 2].data(), shard, dtype::bf16);
+        gc.all_gather(shards[std::size_t(block_of(u))].data(), gathered[u % 2].data(), shard, dtype::bf16, g_cs);
         b.record(gathered_ev[std::size_t(u)], g_stream);
       };
       gather(0);
@@ -333,7 +331,8 @@ std::pair<double, double> bench_overlap(const std::vector<int>& devs, bool quick
         if (backward) {
           b.record(grad_ev[std::size_t(u)], compute);
           b.wait(r_stream, grad_ev[std::size_t(u)]);
-          rc.reduce_scatter(grads[u % 2].data(), grad_shard.data(), shard, dtype::f32, zshard::reduce_op::average);
+          rc.reduce_scatter(grads[u % 2].data(), grad_shard.data(), shard, dtype::f32, zshard::reduce_op::average,
+                            r_cs);
           b.record(reduced_ev[std::size_t(u)], r_stream);
         }
         if (u + 1 < 2 * layers && !overlap) gather(u + 1);
@@ -345,8 +344,6 @@ std::pair<double, double> bench_overlap(const std::vector<int>& devs, bool quick
     const double overlapped = best_ms(b, compute, reps, [&] { pass(true); });
     b.synchronize_all();
     if (rc.rank() == 0) result = {serial, overlapped};
-    gc.set_stream(nullptr);
-    rc.set_stream(nullptr);
   }, opts);
   zshard::nccl_comm::finalize_all(gather_comms);  // together: ranks may wait for each other
   return result;

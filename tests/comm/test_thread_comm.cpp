@@ -31,15 +31,26 @@ namespace {
 struct untagged_comm {
   int rank() const { return 0; }
   int size() const { return 1; }
+  void all_gather(const void*, void*, std::size_t, dtype, comm_stream) {}
+  void reduce_scatter(const void*, void*, std::size_t, dtype, reduce_op, comm_stream) {}
+  void all_reduce(const void*, void*, std::size_t, dtype, reduce_op, comm_stream) {}
+  void broadcast(void*, std::size_t, dtype, int, comm_stream) {}
+  void barrier(comm_stream) {}
+};
+struct no_barrier_comm : untagged_comm {
+  using zshard_tag = communicator_tag;
+  void barrier(comm_stream) = delete;
+};
+// The stream is part of every collective: a communicator without it does not conform.
+struct streamless_comm {
+  using zshard_tag = communicator_tag;
+  int rank() const { return 0; }
+  int size() const { return 1; }
   void all_gather(const void*, void*, std::size_t, dtype) {}
   void reduce_scatter(const void*, void*, std::size_t, dtype, reduce_op) {}
   void all_reduce(const void*, void*, std::size_t, dtype, reduce_op) {}
   void broadcast(void*, std::size_t, dtype, int) {}
   void barrier() {}
-};
-struct no_barrier_comm : untagged_comm {
-  using zshard_tag = communicator_tag;
-  void barrier() = delete;
 };
 struct tagged_comm : untagged_comm {
   using zshard_tag = communicator_tag;
@@ -48,6 +59,7 @@ static_assert(communicator<thread_comm>);
 static_assert(communicator<tagged_comm>);
 static_assert(!communicator<untagged_comm>);
 static_assert(!communicator<no_barrier_comm>);
+static_assert(!communicator<streamless_comm>);
 
 static_assert(shard_count(10, 4) == 3 && padded_count(10, 4) == 12);
 static_assert(shard_count(12, 4) == 3 && padded_count(12, 4) == 12);

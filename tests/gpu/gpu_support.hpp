@@ -147,7 +147,6 @@ toy::train_result train_on_gpus(const toy::train_options& o, zshard::nccl_comple
       [&](zshard::nccl_comm& comm) {
         toy::ids id;
         zshard::cuda_backend backend({.device = comm.device()});
-        comm.set_stream(backend.make_stream().handle());  // one in-order queue with the engine
         comm.set_completion(completion);
         {
           zshard::engine<zshard::cuda_backend, zshard::nccl_comm, Policies> eng(backend, comm,
@@ -158,7 +157,6 @@ toy::train_result train_on_gpus(const toy::train_options& o, zshard::nccl_comple
               result);
         }
         comm.synchronize();
-        comm.set_stream(nullptr);  // the backend's stream dies with it
       },
       opts);
   return result;

@@ -40,6 +40,7 @@ inline void check_close(const std::vector<float>& got, const std::vector<float>&
 inline void check_collectives(nccl_comm& c, zshard::cuda_backend& b, std::size_t count) {
   const int w = c.size(), r = c.rank();
   const auto uw = static_cast<std::size_t>(w);
+  const auto cs = zshard::comm_stream::of(b.make_stream());  // one in-order queue with the backend's copies
   for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
     INFO("dtype " << zshard::to_string(t) << ", rank " << r << " of " << w);
     const double avg_tol = t == dtype::f32 ? 1e-6 : t == dtype::bf16 ? 1.0 / 128 : 1.0 / 1024;
@@ -48,7 +49,7 @@ inline void check_collectives(nccl_comm& c, zshard::cuda_backend& b, std::size_t
     for (std::size_t i = 0; i < count * uw; ++i) full[i] = value(r, i);
 
     typed_buffer src(b, t, mine), dst(b, t, std::vector<float>(count * uw));
-    c.all_gather(src.data(), dst.data(), count, t);
+    c.all_gather(src.data(), dst.data(), count, t, cs);
     for (int q = 0; q < w; ++q)
       for (std::size_t i = 0; i < count; ++i) want[std::size_t(q) * count + i] = value(q, i);
     CHECK(dst.to_host(b) == want);
@@ -57,9 +58,9 @@ inline void check_collectives(nccl_comm& c, zshard::cuda_backend& b, std::size_t
     std::vector<float> sum(count);
     for (std::size_t i = 0; i < count; ++i)
       for (int q = 0; q < w; ++q) sum[i] += value(q, std::size_t(r) * count + i);
-    c.reduce_scatter(big.data(), shard.data(), count, t, reduce_op::sum);
+    c.reduce_scatter(big.data(), shard.data(), count, t, reduce_op::sum, cs);
     CHECK(shard.to_host(b) == sum);
-    c.reduce_scatter(big.data(), shard.data(), count, t, reduce_op::average);
+    c.reduce_scatter(big.data(), shard.data(), count, t, reduce_op::average, cs);
     std::vector<float> avg = sum;
     for (float& x : avg) x /= float(w);
     check_close(shard.to_host(b), avg, avg_tol);
@@ -68,14 +69,14 @@ inline void check_collectives(nccl_comm& c, zshard::cuda_backend& b, std::size_t
     for (std::size_t i = 0; i < count; ++i)
       for (int q = 0; q < w; ++q) all[i] += value(q, i), mx[i] = std::max(mx[i], value(q, i));
     typed_buffer inplace(b, t, mine);
-    c.all_reduce(inplace.data(), inplace.data(), count, t, reduce_op::sum);
+    c.all_reduce(inplace.data(), inplace.data(), count, t, reduce_op::sum, cs);
     CHECK(inplace.to_host(b) == all);
     typed_buffer m2(b, t, mine);
-    c.all_reduce(m2.data(), m2.data(), count, t, reduce_op::max);
+    c.all_reduce(m2.data(), m2.data(), count, t, reduce_op::max, cs);
     CHECK(m2.to_host(b) == mx);
 
     typed_buffer bc(b, t, mine);
-    c.broadcast(bc.data(), count, t, w - 1);
+    c.broadcast(bc.data(), count, t, w - 1, cs);
     std::vector<float> root(count);
     for (std::size_t i = 0; i < count; ++i) root[i] = value(w - 1, i);
     CHECK(bc.to_host(b) == root);
@@ -87,14 +88,14 @@ inline void check_collectives(nccl_comm& c, zshard::cuda_backend& b, std::size_t
     typed_buffer g2(b, t, std::vector<float>(count * uw));
     c.group_start();
     c.all_gather(static_cast<unsigned char*>(ip.data()) + std::size_t(r) * count * zshard::size_of(t), ip.data(), count,
-                 t);
-    c.all_gather(src.data(), g2.data(), count, t);
+                 t, cs);
+    c.all_gather(src.data(), g2.data(), count, t, cs);
     c.group_end();
     CHECK(ip.to_host(b) == want);
     CHECK(g2.to_host(b) == want);
   }
-  c.barrier();
-  c.synchronize();
+  c.barrier(cs);
+  c.synchronize(cs);
 }
 
 }  // namespace nccl_cases
@@ -103,7 +104,6 @@ TEST_CASE("nccl_comm, one rank: every collective and dtype, both completion mode
   auto comms = nccl_comm::create_local(std::vector<int>{0});
   auto& c = comms.front();
   zshard::cuda_backend b;
-  c.set_stream(b.make_stream().handle());
   for (auto mode : {zshard::nccl_completion::wait, zshard::nccl_completion::enqueue}) {
     c.set_completion(mode);
     nccl_cases::check_collectives(c, b, 1001);
@@ -127,7 +127,6 @@ TEST_CASE("nccl_comm, one rank: every collective and dtype, both completion mode
   c.synchronize();
   c.abort("test");
   CHECK(kind_of([&] { c.barrier(); }) == zshard::error_kind::comm);
-  c.set_stream(nullptr);
 }
 
 TEST_CASE("nccl_comm across this process's GPUs (one thread per GPU): collectives against serial references") {
@@ -138,9 +137,7 @@ TEST_CASE("nccl_comm across this process's GPUs (one thread per GPU): collective
   }
   zshard::run_nccl_ranks(gpu_test::devices(n), [&](nccl_comm& c) {
     zshard::cuda_backend b({.device = c.device()});
-    c.set_stream(b.make_stream().handle());
     nccl_cases::check_collectives(c, b, 1003);
-    c.set_stream(nullptr);
   });
 }
 
@@ -160,13 +157,13 @@ TEST_CASE("nccl_comm: a rank that fails or skips a collective stops the others w
           gpu_test::devices(2),
           [&](nccl_comm& c) {
             zshard::cuda_backend b({.device = c.device(), .sync_timeout = std::chrono::milliseconds(5000)});
-            c.set_stream(b.make_stream().handle());
+            const auto cs = zshard::comm_stream::of(b.make_stream());
             gpu_test::device_array<float> x(b, std::vector<float>(1024, 1.0f));
             if (c.rank() == 1) {
               if (rank1_throws) throw std::runtime_error("rank 1 gives up");
               return;
             }
-            c.all_reduce(x.ptr, x.ptr, 1024, dtype::f32, zshard::reduce_op::sum);
+            c.all_reduce(x.ptr, x.ptr, 1024, dtype::f32, zshard::reduce_op::sum, cs);
           },
           o);
       FAIL("no error");

@@ -34,7 +34,6 @@ constexpr auto host_copy = stream_role::host_copy;
 
 }  // namespace
 
-static_assert(stream_bindable<checked_comm<thread_comm>, checked_backend::stream>);
 
 TEST_CASE("stream checker: a compute read of a gather write needs an event") {
   checked_backend b;
@@ -177,12 +176,12 @@ TEST_CASE("stream checker: a collective bound to the gather stream, read on comp
       checked_backend b;
       checked_comm<thread_comm> cc(comm, b);
       const auto g = b.role_stream(gather), c = b.role_stream(compute);
-      cc.set_stream(g.handle());
+      const auto gs = comm_stream::of(g);
       const std::vector<float> mine(n, static_cast<float>(comm.rank() + 1));
       void* src = b.allocate(n * sizeof(float), mem_category::sharded_params, g);
       void* dst = b.allocate(world * n * sizeof(float), mem_category::gathered_params, g);
       b.copy(src, mine.data(), n * sizeof(float), g);
-      cc.all_gather(src, dst, n, dtype::f32);
+      cc.all_gather(src, dst, n, dtype::f32, gs);
       if (ordered) {
         auto e = b.make_event();
         b.record(e, g);
@@ -222,12 +221,12 @@ TEST_CASE("stream checker: collectives in a group run at group_end, as NCCL laun
     checked_backend b;
     checked_comm<thread_comm> cc(comm, b);
     const auto g = b.role_stream(gather);
-    cc.set_stream(g.handle());
+    const auto gs = comm_stream::of(g);
     std::vector<float> src(2 * n, static_cast<float>(comm.rank() + 1)), dst(2 * world * n, -1.0f);
     cc.group_start();
     cc.group_start();  // nested: only the outermost end launches
-    cc.all_gather(src.data(), dst.data(), n, dtype::f32);
-    cc.all_gather(src.data() + n, dst.data() + world * n, n, dtype::f32);
+    cc.all_gather(src.data(), dst.data(), n, dtype::f32, gs);
+    cc.all_gather(src.data() + n, dst.data() + world * n, n, dtype::f32, gs);
     cc.group_end();
     const auto r = static_cast<std::size_t>(comm.rank());
     inside[r] = dst;  // nothing ran yet
@@ -260,10 +259,10 @@ TEST_CASE("stream checker: a reduce-scatter on the reduce stream must wait for b
     b.copy(full, grads.data(), world * n * sizeof(float), c);  // "backward" wrote it on compute
     auto e = b.make_event();
     b.record(e, c);
-    cc.set_stream(r.handle());
-    cc.reduce_scatter(full, mine, n, dtype::f32, reduce_op::sum);  // unordered: reads full, writes mine
+    const auto rs = comm_stream::of(r);
+    cc.reduce_scatter(full, mine, n, dtype::f32, reduce_op::sum, rs);  // unordered: reads full, writes mine
     b.wait(r, e);
-    cc.all_reduce(mine, mine, n, dtype::f32, reduce_op::sum);  // ordered now
+    cc.all_reduce(mine, mine, n, dtype::f32, reduce_op::sum, rs);  // ordered now
     b.synchronize(r);
     b.copy(shard.data(), mine, n * sizeof(float), c);
     b.deallocate(full, world * n * sizeof(float), mem_category::grad_buckets, c);

@@ -27,8 +27,15 @@
 // - Failure. A collective that fails (a peer failed, a timeout, mismatched arguments) throws
 //   zshard::error with error_kind::comm; bad arguments on the calling rank (null pointer with
 //   count > 0, bad root, unsupported op) throw error_kind::usage.
+// - Streams. Every collective takes, last, the stream it is ordered on (comm_stream, as CUB and
+//   NCCL take theirs): nothing is sticky, so no caller has to undo a setting. A communicator
+//   that enqueues work (NCCL) runs the collective in that stream's order; one that completes
+//   each collective before returning (threads, MPI, null) ignores it, since a finished
+//   collective is ordered with every stream.
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
 
 #include "zshard/core/dtype.hpp"
 #include "zshard/core/error.hpp"
@@ -48,6 +55,36 @@ constexpr std::string_view to_string(reduce_op op) noexcept {
   }
   return "?";
 }
+
+// The stream a collective is ordered on, as an opaque handle: a cudaStream_t for NCCL, a
+// checker's stream id in tests; 0 means "none given" (NCCL: the communicator's own stream).
+// Built from a backend stream with comm_stream::of(stream); a stream without handle() (host,
+// phantom) gives none.
+struct comm_stream {
+  std::uintptr_t handle = 0;
+
+  template <class Stream>
+  static comm_stream of(const Stream& s) noexcept {
+    if constexpr (requires { s.handle(); }) {
+      using handle_type = decltype(s.handle());
+      if constexpr (std::is_pointer_v<handle_type>)
+        return {reinterpret_cast<std::uintptr_t>(s.handle())};
+      else
+        return {static_cast<std::uintptr_t>(s.handle())};
+    } else {
+      return {};
+    }
+  }
+  // The handle as the communicator's native type (cudaStream_t, an int id).
+  template <class Native>
+  Native as() const noexcept {
+    if constexpr (std::is_pointer_v<Native>)
+      return reinterpret_cast<Native>(handle);
+    else
+      return static_cast<Native>(handle);
+  }
+  explicit operator bool() const noexcept { return handle != 0; }
+};
 
 // A communicator opts in by declaring `using zshard_tag = zshard::communicator_tag;`, so a
 // type that merely happens to have matching member names is not taken for one.
@@ -78,24 +115,26 @@ concept comm_has_rank_size = requires(const C& cc) {
   { cc.size() } -> std::convertible_to<int>;
 };
 template <class C>
-concept comm_has_all_gather = requires(C& c, const void* src, void* dst, std::size_t count, dtype t) {
-  c.all_gather(src, dst, count, t);
+concept comm_has_all_gather = requires(C& c, const void* src, void* dst, std::size_t count, dtype t, comm_stream s) {
+  c.all_gather(src, dst, count, t, s);
 };
 template <class C>
-concept comm_has_reduce_scatter = requires(C& c, const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
-  c.reduce_scatter(src, dst, count, t, op);
+concept comm_has_reduce_scatter =
+    requires(C& c, const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream s) {
+  c.reduce_scatter(src, dst, count, t, op, s);
 };
 template <class C>
-concept comm_has_all_reduce = requires(C& c, const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
-  c.all_reduce(src, dst, count, t, op);
+concept comm_has_all_reduce =
+    requires(C& c, const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream s) {
+  c.all_reduce(src, dst, count, t, op, s);
 };
 template <class C>
-concept comm_has_broadcast = requires(C& c, void* dst, std::size_t count, dtype t, int root) {
-  c.broadcast(dst, count, t, root);
+concept comm_has_broadcast = requires(C& c, void* dst, std::size_t count, dtype t, int root, comm_stream s) {
+  c.broadcast(dst, count, t, root, s);
 };
 template <class C>
-concept comm_has_barrier = requires(C& c) {
-  c.barrier();
+concept comm_has_barrier = requires(C& c, comm_stream s) {
+  c.barrier(s);
 };
 }  // namespace detail
 
@@ -105,13 +144,6 @@ template <class C>
 concept communicator = detail::comm_tagged<C> && detail::comm_has_rank_size<C> && detail::comm_has_all_gather<C> &&
     detail::comm_has_reduce_scatter<C> && detail::comm_has_all_reduce<C> && detail::comm_has_broadcast<C> &&
     detail::comm_has_barrier<C>;
-
-// Optional: a communicator whose collectives run on a stream the caller picks (NCCL takes the
-// backend stream's handle). The engine binds it to the gather stream before gathering and to
-// the reduce stream before reducing; a communicator without it (threads, MPI on host memory)
-// completes each collective before returning, which is ordered with every stream.
-template <class C, class Stream>
-concept stream_bindable = requires(C& c, const Stream& s) { c.set_stream(s.handle()); };
 
 // Optional: a communicator that launches several collectives as one (NCCL groups). Between
 // group_start() and group_end() collectives are only recorded; they run, and may be waited
@@ -153,16 +185,16 @@ constexpr bool check_communicator() {
   static_assert(detail::comm_has_rank_size<C>,
                 "zshard: a communicator provides `int rank() const` and `int size() const`");
   static_assert(detail::comm_has_all_gather<C>,
-                "zshard: a communicator provides `all_gather(const void* src, void* dst, std::size_t count, dtype)`");
+                "zshard: a communicator provides `all_gather(const void* src, void* dst, std::size_t count, dtype, comm_stream)`");
   static_assert(detail::comm_has_reduce_scatter<C>,
                 "zshard: a communicator provides "
-                "`reduce_scatter(const void* src, void* dst, std::size_t count, dtype, reduce_op)`");
+                "`reduce_scatter(const void* src, void* dst, std::size_t count, dtype, reduce_op, comm_stream)`");
   static_assert(detail::comm_has_all_reduce<C>,
                 "zshard: a communicator provides "
-                "`all_reduce(const void* src, void* dst, std::size_t count, dtype, reduce_op)`");
+                "`all_reduce(const void* src, void* dst, std::size_t count, dtype, reduce_op, comm_stream)`");
   static_assert(detail::comm_has_broadcast<C>,
-                "zshard: a communicator provides `broadcast(void* dst, std::size_t count, dtype, int root)`");
-  static_assert(detail::comm_has_barrier<C>, "zshard: a communicator provides `barrier()`");
+                "zshard: a communicator provides `broadcast(void* dst, std::size_t count, dtype, int root, comm_stream)`");
+  static_assert(detail::comm_has_barrier<C>, "zshard: a communicator provides `barrier(comm_stream)`");
   return communicator<C>;
 }
 

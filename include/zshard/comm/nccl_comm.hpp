@@ -6,10 +6,10 @@
 //   - one process driving several GPUs: nccl_comm::create_local(devices), then one thread per
 //     rank (run_nccl_ranks does both).
 //
-// Streams: collectives are enqueued on stream(), which the caller sets (set_stream) to the
-// stream that orders the buffers. The engine does it before every collective: gathers on the
-// backend's gather stream, reductions on its reduce stream, the rest on compute (see
-// engine/stream_roles.hpp). Until set, the communicator uses a stream of its own.
+// Streams: each collective takes the stream it runs on (comm_stream, last argument), the one
+// that orders its buffers. The engine passes the backend's gather stream for gathers, its
+// reduce stream for reductions and compute for the rest (see state/stream_roles.hpp). A
+// collective given no stream runs on a stream of the communicator's own.
 //
 // Completion: with nccl_completion::wait (the default) a collective returns when it has
 // finished on the GPU; with ::enqueue it returns once enqueued, and synchronize() waits. Both
@@ -28,6 +28,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -177,13 +178,12 @@ class nccl_comm {
   void set_completion(nccl_completion c) noexcept { opts_.completion = c; }
   bool aborted() const noexcept { return aborted_; }
 
-  cudaStream_t stream() const noexcept { return stream_ ? stream_ : own_stream_; }
-  // Collectives from now on run on s (nullptr: back to the communicator's own stream). s must
-  // belong to device(); the caller orders anything on other streams with events.
-  void set_stream(cudaStream_t s) noexcept { stream_ = s; }
+  // The stream a collective given `s` runs on: s itself, or the communicator's own stream when
+  // s names none. s must belong to device(); the caller orders other streams with events.
+  cudaStream_t stream_of(comm_stream s) const noexcept { return s ? s.as<cudaStream_t>() : own_stream_; }
 
   // ---- collectives (layout and in-place rules: communicator.hpp) -----------------------------
-  void all_gather(const void* src, void* dst, std::size_t count, dtype t) {
+  void all_gather(const void* src, void* dst, std::size_t count, dtype t, comm_stream s = {}) {
     const std::size_t block = count * size_of(t);
     check_pointers("all_gather", src, dst, count);
     if (nccl_detail::overlaps(src, block, dst, block * static_cast<std::size_t>(size_)) &&
@@ -191,11 +191,11 @@ class nccl_comm {
       throw error(error_kind::usage, "all_gather: src overlaps dst other than as dst + rank() * count (in place)");
     if (count == 0) return;
     enqueued(describe("ncclAllGather", count, t),
-             ncclAllGather(src, dst, count, nccl_detail::type_of(t), comm_, stream()));
+             ncclAllGather(src, dst, count, nccl_detail::type_of(t), comm_, stream_of(s)), stream_of(s));
   }
 
   // op: sum or average (ncclAvg).
-  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream s = {}) {
     require(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
             "use all_reduce with reduce_op::max");
     const std::size_t block = count * size_of(t);
@@ -205,39 +205,41 @@ class nccl_comm {
       throw error(error_kind::usage, "reduce_scatter: dst overlaps src other than as src + rank() * count (in place)");
     if (count == 0) return;
     enqueued(describe("ncclReduceScatter", count, t, op),
-             ncclReduceScatter(src, dst, count, nccl_detail::type_of(t), nccl_detail::op_of(op), comm_, stream()));
+             ncclReduceScatter(src, dst, count, nccl_detail::type_of(t), nccl_detail::op_of(op), comm_, stream_of(s)),
+             stream_of(s));
   }
 
-  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream s = {}) {
     const std::size_t bytes = count * size_of(t);
     check_pointers("all_reduce", src, dst, count);
     if (src != dst && nccl_detail::overlaps(src, bytes, dst, bytes))
       throw error(error_kind::usage, "all_reduce: src and dst overlap without being equal");
     if (count == 0) return;
     enqueued(describe("ncclAllReduce", count, t, op),
-             ncclAllReduce(src, dst, count, nccl_detail::type_of(t), nccl_detail::op_of(op), comm_, stream()));
+             ncclAllReduce(src, dst, count, nccl_detail::type_of(t), nccl_detail::op_of(op), comm_, stream_of(s)),
+             stream_of(s));
   }
 
-  void broadcast(void* dst, std::size_t count, dtype t, int root) {
+  void broadcast(void* dst, std::size_t count, dtype t, int root, comm_stream s = {}) {
     require(root >= 0 && root < size_, error_kind::usage,
             "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size_));
     check_pointers("broadcast", dst, dst, count);
     if (count == 0) return;
     enqueued(describe("ncclBroadcast", count, t) + " root=" + std::to_string(root),
-             ncclBroadcast(dst, dst, count, nccl_detail::type_of(t), root, comm_, stream()));
+             ncclBroadcast(dst, dst, count, nccl_detail::type_of(t), root, comm_, stream_of(s)), stream_of(s));
   }
 
-  // Every rank has reached this point and all work before it on stream() has finished.
-  void barrier() {
+  // Every rank has reached this point and all work before it on stream_of(s) has finished.
+  void barrier(comm_stream s = {}) {
     require(group_depth_ == 0, error_kind::usage, "barrier() inside a group_start()/group_end() pair");
     check_pointers("barrier", scratch_, scratch_, 1);
     enqueued_nowait("ncclAllReduce (barrier)",
-                    ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream()));
-    wait_stream("barrier");
+                    ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_of(s)));
+    wait_stream("barrier", stream_of(s));
   }
 
-  // Waits until everything enqueued on stream() has finished (with timeout and error checks).
-  void synchronize() { wait_stream("synchronize"); }
+  // Waits until everything enqueued on stream_of(s) has finished (with timeout and error checks).
+  void synchronize(comm_stream s = {}) { wait_stream("synchronize", stream_of(s)); }
 
   // Collectives between group_start() and group_end() are launched together (one NCCL launch
   // for several tensors); they complete, or are waited for, at group_end(). Nestable.
@@ -250,7 +252,12 @@ class nccl_comm {
   void group_end() {
     require(group_depth_ > 0, error_kind::usage, "group_end() without group_start()");
     --group_depth_;
-    enqueued("ncclGroupEnd", ncclGroupEnd());
+    enqueued_nowait("ncclGroupEnd", ncclGroupEnd());
+    if (group_depth_ > 0) return;
+    // The group's collectives may run on several streams: wait for each of them.
+    const auto streams = std::exchange(group_streams_, {});
+    if (opts_.completion == nccl_completion::wait)
+      for (cudaStream_t on : streams) wait_stream("ncclGroupEnd", on);
   }
 
   // Flushes and destroys several communicators together, since finalising one rank may wait
@@ -321,7 +328,7 @@ class nccl_comm {
   void take(nccl_comm& o) noexcept {
     comm_ = std::exchange(o.comm_, nullptr);
     own_stream_ = std::exchange(o.own_stream_, nullptr);
-    stream_ = std::exchange(o.stream_, nullptr);
+    group_streams_ = std::exchange(o.group_streams_, {});
     scratch_ = std::exchange(o.scratch_, nullptr);
     rank_ = o.rank_;
     size_ = o.size_;
@@ -421,16 +428,21 @@ class nccl_comm {
     if (r != ncclSuccess && r != ncclInProgress) fail(what, r);
     if (group_depth_ == 0) settle(what);
   }
-  void enqueued(const std::string& what, ncclResult_t r) {
+  void enqueued(const std::string& what, ncclResult_t r, cudaStream_t on) {
     enqueued_nowait(what, r);
-    if (group_depth_ == 0 && opts_.completion == nccl_completion::wait) wait_stream(what);
+    if (group_depth_ > 0) {
+      if (std::find(group_streams_.begin(), group_streams_.end(), on) == group_streams_.end())
+        group_streams_.push_back(on);
+    } else if (opts_.completion == nccl_completion::wait) {
+      wait_stream(what, on);
+    }
   }
 
-  void wait_stream(const std::string& what) {
+  void wait_stream(const std::string& what, cudaStream_t on) {
     check_usable(what);
     const auto start = std::chrono::steady_clock::now();
     for (int spins = 0;; ++spins) {
-      const cudaError_t q = cudaStreamQuery(stream());
+      const cudaError_t q = cudaStreamQuery(on);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) {
         reason_ = what + ": cudaStreamQuery failed: " + cuda::describe(q);
@@ -448,7 +460,7 @@ class nccl_comm {
 
   ncclComm_t comm_ = nullptr;
   cudaStream_t own_stream_ = nullptr;
-  cudaStream_t stream_ = nullptr;  // set by the caller; null: own_stream_
+  std::vector<cudaStream_t> group_streams_;  // streams the open group's collectives run on
   float* scratch_ = nullptr;
   int rank_ = 0, size_ = 1, device_ = 0;
   nccl_options opts_{};

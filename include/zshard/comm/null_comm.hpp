@@ -37,14 +37,14 @@ class null_comm {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
 
-  void all_gather(const void* src, void* dst, std::size_t count, dtype t) {
+  void all_gather(const void* src, void* dst, std::size_t count, dtype t, comm_stream = {}) {
     const std::size_t block = count * size_of(t);
     if (overlaps(src, block, dst, block * world()) && src != static_cast<const std::byte*>(dst) + block * me())
       throw error(error_kind::usage, "all_gather: src overlaps dst other than as dst + rank() * count (in place)");
     note(op_kind::all_gather, block * (world() - 1));
   }
 
-  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream = {}) {
     ZSHARD_REQUIRE(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
                    "use all_reduce with reduce_op::max");
     const std::size_t block = count * size_of(t);
@@ -53,7 +53,7 @@ class null_comm {
     note(op_kind::reduce_scatter, block * (world() - 1));
   }
 
-  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op) {
+  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op, comm_stream = {}) {
     const std::size_t bytes = count * size_of(t);
     if (src != dst && overlaps(src, bytes, dst, bytes))
       throw error(error_kind::usage, "all_reduce: src and dst overlap without being equal");
@@ -61,13 +61,13 @@ class null_comm {
     note(op_kind::all_reduce, world() > 1 ? 2 * bytes * (world() - 1) / world() : 0);
   }
 
-  void broadcast(void*, std::size_t count, dtype t, int root) {
+  void broadcast(void*, std::size_t count, dtype t, int root, comm_stream = {}) {
     ZSHARD_REQUIRE(root >= 0 && root < size_, error_kind::usage,
                    "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size_));
     note(op_kind::broadcast, rank_ == root ? count * size_of(t) : 0);
   }
 
-  void barrier() noexcept { note(op_kind::barrier, 0); }
+  void barrier(comm_stream = {}) noexcept { note(op_kind::barrier, 0); }
 
   // What the simulated rank would have done: collectives called and bytes it would send (a
   // ring schedule), per kind.

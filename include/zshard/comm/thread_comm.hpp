@@ -302,7 +302,7 @@ class thread_comm {
   int size() const noexcept { return world_->size(); }
   thread_world& world() const noexcept { return *world_; }
 
-  void all_gather(const void* src, void* dst, std::size_t count, dtype t) {
+  void all_gather(const void* src, void* dst, std::size_t count, dtype t, comm_stream = {}) {
     const std::size_t block = count * size_of(t);
     check_pointers("all_gather", src, dst, count);
     if (detail::overlaps(src, block, dst, block * static_cast<std::size_t>(size())) &&
@@ -319,7 +319,7 @@ class thread_comm {
   }
 
   // op: sum or average (max is not part of the reduce_scatter contract, see communicator.hpp).
-  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream = {}) {
     ZSHARD_REQUIRE(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
                    "use all_reduce with reduce_op::max");
     const std::size_t block = count * size_of(t);
@@ -340,7 +340,7 @@ class thread_comm {
 
   // src == dst is allowed. Rank r reduces slice r of the elements and writes it to every
   // rank's dst, so the work is split n ways and each slice is reduced exactly once.
-  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream = {}) {
     const std::size_t bytes = count * size_of(t);
     check_pointers("all_reduce", src, dst, count);
     if (src != dst && detail::overlaps(src, bytes, dst, bytes))
@@ -358,7 +358,7 @@ class thread_comm {
     leave(detail::collective::all_reduce);
   }
 
-  void broadcast(void* dst, std::size_t count, dtype t, int root) {
+  void broadcast(void* dst, std::size_t count, dtype t, int root, comm_stream = {}) {
     ZSHARD_REQUIRE(root >= 0 && root < size(), error_kind::usage,
                    "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size()));
     check_pointers("broadcast", dst, dst, count);
@@ -368,7 +368,7 @@ class thread_comm {
     leave(detail::collective::broadcast);
   }
 
-  void barrier() {
+  void barrier(comm_stream = {}) {
     const detail::comm_slot s{detail::collective::barrier, 0, nullptr, nullptr, 0, dtype::f32, reduce_op::sum, 0};
     world_->rendezvous(rank_, detail::collective::barrier, &s, /*last=*/true);
   }

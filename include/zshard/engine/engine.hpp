@@ -199,8 +199,8 @@ class engine {
                        streams.on(stream_role::compute));
     } else {
       buffer<Backend> full(backend_, s.type, s.layout.padded_numel, mem_category::scratch);
-      streams.bind(comm_, stream_role::compute);
-      comm_.all_gather(s.shard.data(), full.data(), s.layout.shard_numel, s.type);
+      comm_.all_gather(s.shard.data(), full.data(), s.layout.shard_numel, s.type,
+                       streams.collective_on(stream_role::compute));
       backend_.convert(full.data(), s.type, staging.data(), dtype::f32, s.layout.numel,
                        streams.on(stream_role::compute));
     }
@@ -264,8 +264,8 @@ class engine {
       buffer<Backend> gathered(backend_, dtype::f32, 2 * world, mem_category::scratch);
       auto& streams = store_.streams();
       backend_.copy(mine.data(), &fp, sizeof fp, streams.on(stream_role::compute));
-      streams.bind(comm_, stream_role::compute);
-      comm_.all_gather(mine.data(), gathered.data(), 2, dtype::f32);  // 64 bits as two f32 words: a copy
+      // 64 bits as two f32 words: a copy
+      comm_.all_gather(mine.data(), gathered.data(), 2, dtype::f32, streams.collective_on(stream_role::compute));
       backend_.copy(all.data(), gathered.data(), world * sizeof fp, streams.on(stream_role::compute));
       backend_.synchronize(streams.on(stream_role::compute));
       for (std::size_t r = 0; r < world; ++r)
@@ -391,8 +391,7 @@ class engine {
     auto& streams = store_.streams();
     buffer<Backend> dev(backend_, dtype::f32, 3, mem_category::scratch);
     backend_.copy(dev.data(), msg, sizeof msg, streams.on(stream_role::compute));
-    streams.bind(comm_, stream_role::compute);
-    comm_.all_reduce(dev.data(), dev.data(), 3, dtype::f32, reduce_op::sum);
+    comm_.all_reduce(dev.data(), dev.data(), 3, dtype::f32, reduce_op::sum, streams.collective_on(stream_role::compute));
     backend_.copy(msg, dev.data(), sizeof msg, streams.on(stream_role::compute));
     backend_.synchronize(streams.on(stream_role::compute));
     const double sum = double(msg[0]) + double(msg[1]);

@@ -95,8 +95,8 @@ class residency {
           auto& s = store_[p];
           if (s.is_gathered() || !admit(p)) continue;
           store_.mark_gathered(p);
-          store_.streams().bind(comm_, stream_role::gather);
-          comm_.all_gather(s.shard.data(), s.gathered.data(), s.layout.shard_numel, s.type);
+          comm_.all_gather(s.shard.data(), s.gathered.data(), s.layout.shard_numel, s.type,
+                           store_.streams().collective_on(stream_role::gather));
           issued_.push_back(p);
         }
       });

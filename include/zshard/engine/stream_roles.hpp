@@ -106,14 +106,10 @@ class stream_roles {
     backend_.wait(streams_[w], marks_[s][m.slot]);
   }
 
-  // Collectives from now on run on `role`'s stream, when the communicator takes a stream. A
-  // communicator that does not finishes each collective before returning, so it is ordered
+  // The stream to pass to a collective of `role` (communicator.hpp), counted as work there. A
+  // communicator that completes each collective before returning ignores it: it is ordered
   // with every stream already.
-  template <class Comm>
-  void bind(Comm& comm, stream_role role) {
-    stream& s = on(role);
-    if constexpr (stream_bindable<Comm, stream>) comm.set_stream(s.handle());
-  }
+  comm_stream collective_on(stream_role role) noexcept { return comm_stream::of(on(role)); }
 
   // The host waits for everything enqueued on every role.
   void synchronize_all() {

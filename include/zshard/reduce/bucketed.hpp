@@ -52,15 +52,15 @@ class bucketed_reducer {
     streams.order(stream_role::reduce, stream_role::compute);
     float* full = s.full_grad.template as<float>();
     if (s.layout.replicated) {
-      streams.bind(comm_, stream_role::reduce);
-      comm_.all_reduce(full, full, s.layout.numel, dtype::f32, reduce_op::average);
+      comm_.all_reduce(full, full, s.layout.numel, dtype::f32, reduce_op::average,
+                       streams.collective_on(stream_role::reduce));
       sink.accumulate_grad(p, full, s.layout.numel, streams.on(stream_role::reduce));
     } else {
       // Output of the collective: this rank's slice only (1/world of the gradient).
       buffer<Backend> shard(store_.backend(), dtype::f32, s.layout.shard_numel, mem_category::scratch,
                             streams.on(stream_role::reduce));
-      streams.bind(comm_, stream_role::reduce);
-      comm_.reduce_scatter(full, shard.data(), s.layout.shard_numel, dtype::f32, reduce_op::average);
+      comm_.reduce_scatter(full, shard.data(), s.layout.shard_numel, dtype::f32, reduce_op::average,
+                           streams.collective_on(stream_role::reduce));
       sink.accumulate_grad(p, shard.template as<float>(), s.layout.shard_numel, streams.on(stream_role::reduce));
       shard.reset_on(streams.on(stream_role::reduce));
     }

@@ -13,7 +13,7 @@
 // happens to give the right values, and is recorded as a readable violation.
 //
 // checked_comm wraps a communicator so its collectives count as work on the stream they are
-// bound to (set_stream), as NCCL's are; inside group_start()/group_end() they are held back and
+// given (comm_stream), as NCCL's are; inside group_start()/group_end() they are held back and
 // run at group_end(), as NCCL launches a group, so work that wrongly depends on a collective of
 // its own group reads what was there before. The training stack's own kernels are invisible to the
 // backend: tests report them with note_access().
@@ -295,8 +295,8 @@ class checked_backend {
 static_assert(check_backend<checked_backend>());
 static_assert(has_role_streams<checked_backend> && stream_ordered_memory<checked_backend>);
 
-// A communicator whose collectives count as one operation each on the bound stream of a
-// checked_backend (compute until set_stream), as NCCL's run on the stream they are given. The
+// A communicator whose collectives count as one operation each on the stream of a
+// checked_backend they are given (compute when none), as NCCL's run on theirs. The
 // inner communicator still does the work, before returning.
 template <class Comm>
 class checked_comm {
@@ -307,36 +307,34 @@ class checked_comm {
 
   int rank() const { return inner_->rank(); }
   int size() const { return inner_->size(); }
-  void set_stream(int handle) { stream_ = {checked_backend::checked(checked_backend::stream{handle})}; }
-
-  void all_gather(const void* src, void* dst, std::size_t count, dtype t) {
+  void all_gather(const void* src, void* dst, std::size_t count, dtype t, comm_stream cs = {}) {
     const std::size_t block = count * size_of(t);
-    issue([=, this, s = stream_] {
+    issue([=, this, s = on(cs)] {
       backend_->operation("all_gather", s, {{src, block, false}, {dst, block * world(), true}});
       inner_->all_gather(src, dst, count, t);
     });
   }
-  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream cs = {}) {
     const std::size_t block = count * size_of(t);
-    issue([=, this, s = stream_] {
+    issue([=, this, s = on(cs)] {
       backend_->operation("reduce_scatter", s, {{src, block * world(), false}, {dst, block, true}});
       inner_->reduce_scatter(src, dst, count, t, op);
     });
   }
-  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op) {
+  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream cs = {}) {
     const std::size_t bytes = count * size_of(t);
-    issue([=, this, s = stream_] {
+    issue([=, this, s = on(cs)] {
       backend_->operation("all_reduce", s, {{src, bytes, false}, {dst, bytes, true}});
       inner_->all_reduce(src, dst, count, t, op);
     });
   }
-  void broadcast(void* dst, std::size_t count, dtype t, int root) {
-    issue([=, this, s = stream_] {
+  void broadcast(void* dst, std::size_t count, dtype t, int root, comm_stream cs = {}) {
+    issue([=, this, s = on(cs)] {
       backend_->operation("broadcast", s, {{dst, count * size_of(t), true}});  // read and written in place
       inner_->broadcast(dst, count, t, root);
     });
   }
-  void barrier() {
+  void barrier(comm_stream = {}) {
     ZSHARD_REQUIRE(group_depth_ == 0, error_kind::usage, "barrier() inside a group_start()/group_end() pair");
     inner_->barrier();
   }
@@ -354,6 +352,10 @@ class checked_comm {
 
  private:
   std::size_t world() const { return static_cast<std::size_t>(size()); }
+  // The checked stream a collective given cs runs on: compute when it names none.
+  static checked_backend::stream on(comm_stream cs) {
+    return {checked_backend::checked(checked_backend::stream{cs.as<int>()})};
+  }
   template <class Run>
   void issue(Run&& run) {
     if (group_depth_ == 0) return run();
@@ -363,13 +365,11 @@ class checked_comm {
 
   Comm* inner_;
   checked_backend* backend_;
-  checked_backend::stream stream_{};
   int group_depth_ = 0;
   std::vector<std::function<void()>> held_;  // collectives of the open group
   std::size_t groups_launched_ = 0;          // groups that held at least one collective
 };
 
 static_assert(check_communicator<checked_comm<thread_comm>>() && groupable<checked_comm<thread_comm>>);
-static_assert(stream_bindable<checked_comm<thread_comm>, checked_backend::stream>);
 
 }  // namespace zshard::testing
