@@ -143,7 +143,7 @@ namespace {
 // A Reducer that fails on its first gradient, as a broken collective would.
 template <class Backend, class Comm>
 struct failing_reducer {
-  failing_reducer(param_store<Backend>&, Comm&, const engine_config&) {}
+  failing_reducer(param_store<Backend>&, Comm&, const reduce_config&) {}
   template <class Sink>
   void grad_ready(param_id, Sink&) {
     throw error(error_kind::comm, "reduce_scatter failed (injected)");

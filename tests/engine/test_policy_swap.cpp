@@ -12,6 +12,8 @@ namespace {
 // the engine then all-reduces every gradient and never gathers.
 struct replicate_all {
   using zshard_tag = partitioner_tag;
+  template <class Backend, class Comm>
+  using impl = replicate_all;
   shard_layout layout(std::size_t numel, int, const partition_config&) const {
     return {.numel = numel, .shard_numel = numel, .padded_numel = numel, .replicated = true};
   }
@@ -26,8 +28,8 @@ struct data_parallel_policies : default_policies {
 struct untagged {
   shard_layout layout(std::size_t, int, const partition_config&) const { return {}; }
 };
-static_assert(!partitioner<untagged>);
-static_assert(partitioner<partition::even>);
+static_assert(partitioner<untagged> && !partitioner_family<untagged>);
+static_assert(partitioner_family<partition::even> && partitioner_family<replicate_all>);
 
 }  // namespace
 

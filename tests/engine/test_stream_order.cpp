@@ -1,4 +1,4 @@
-// The engine's overlap schedule (engine/stream_roles.hpp) checked without a GPU: the engine
+// The engine's overlap schedule (state/stream_roles.hpp) checked without a GPU: the engine
 // runs on testing::checked_backend, whose role streams are logical, and every access to a
 // buffer — the engine's copies and kernels, the collectives, and the training stack's own
 // kernels on the compute stream — must be ordered after conflicting accesses on other streams.
@@ -302,7 +302,7 @@ TEST_CASE("overlap: a scope waits for its own parameters' gathers, not for gathe
     cfg.prefetch.prefetch_numel = 2 * 64;
     cfg.log = [](const std::string& line) { FAIL_CHECK("unexpected engine log line: " << line); };
     engine<checked_backend, checked_comm<thread_comm>> eng(backend, comm, spec, cfg);
-    const auto buffer_of = [&](module_id m) { return eng.store()[spec.module(m).params[0]].gathered.data(); };
+    const auto buffer_of = [&](module_id m) { return eng.store()[spec.module(m).params[0]].gathered().data(); };
     for (int step = 0; step < 2; ++step) {  // the first records the trace, the second replays it
       for (module_id m : chain) {
         auto g = eng.forward(m);

@@ -35,15 +35,15 @@ struct device_like_backend : host_backend {
 static_assert(check_backend<device_like_backend>());
 static_assert(offload::memory_is_host<host_backend>() && !offload::memory_is_host<device_like_backend>());
 
-// host_adam with fixed offload settings: how a family passes values until engine_config has
-// an `offload` member (then plain offload::host_adam reads them from there).
+// host_adam with fixed offload settings whatever engine_config::offload says: a family can
+// override the values it is given.
 template <int Threads, optim::simd_path Path, std::size_t Tile, std::size_t Staging = 4 * Tile>
 struct host_adam_with {
   using zshard_tag = offloader_tag;
   template <class B, class C>
   struct impl : offload::host_adam_impl<B, C> {
-    impl(param_store<B>& store, C& comm, const engine_config& cfg)
-        : offload::host_adam_impl<B, C>(store, comm, cfg,
+    impl(param_store<B>& store, C& comm, const optim::adamw_config& hyper, const offload_config&)
+        : offload::host_adam_impl<B, C>(store, comm, hyper,
                                         offload_config{.host_threads = Threads, .host_path = Path,
                                                        .host_tile_numel = Tile, .host_staging_numel = Staging}) {}
   };
@@ -54,16 +54,16 @@ struct policies_with : default_policies {
   using offloader = Offloader;
 };
 using host_policies = policies_with<offload::host_adam>;
-static_assert(check_offloader<offload::host_adam, offload::host_adam_impl<host_backend, thread_comm>, host_backend::stream>());
-static_assert(check_offloader<offload::host_adam, offload::host_adam_impl<device_like_backend, thread_comm>, device_like_backend::stream>());
+static_assert(check_offloader<offload::host_adam, host_backend, thread_comm>());
+static_assert(check_offloader<offload::host_adam, device_like_backend, thread_comm>());
 
 // A host budget of 1000 bytes: too small for the toy model's optimizer state.
 struct tight_host_adam {
   using zshard_tag = offloader_tag;
   template <class B, class C>
   struct impl : offload::host_adam_impl<B, C> {
-    impl(param_store<B>& store, C& comm, const engine_config& cfg)
-        : offload::host_adam_impl<B, C>(store, comm, cfg, offload_config{.host_threads = 1, .host_budget_bytes = 1000}) {}
+    impl(param_store<B>& store, C& comm, const optim::adamw_config& hyper, const offload_config&)
+        : offload::host_adam_impl<B, C>(store, comm, hyper, offload_config{.host_threads = 1, .host_budget_bytes = 1000}) {}
   };
 };
 
@@ -319,7 +319,7 @@ TEST_CASE("host_adam on a backend without storage accounts the host state of a 7
   param_store<accounting_backend> store(backend, spec, layouts, dtype::bf16);
   engine_config cfg;
   rank3_of_8 comm;
-  offload::host_adam_impl<accounting_backend, rank3_of_8> off(store, comm, cfg, offload_config{.host_threads = 4});
+  offload::host_adam_impl<accounting_backend, rank3_of_8> off(store, comm, cfg.adamw, offload_config{.host_threads = 4});
   CHECK(off.threads() == 1);  // no work ever runs, so no threads are started
 
   const auto* placeholder = reinterpret_cast<const float*>(std::uintptr_t{0x2000});

@@ -28,7 +28,7 @@ struct legacy_policies : seed_policies {
 };
 
 // Logs from the engine and its policies (a prefetch trace divergence would be one).
-struct log_sink {
+struct captured_log {
   std::string text;
   engine_config attach(engine_config c) {
     c.log = [this](const std::string& line) { text += line + "\n"; };
@@ -42,7 +42,7 @@ TEST_CASE("seed: 70B on 8 ranks is planned, bounded and flat from step 2 on") {
   const seed_scenario seed;
   const transformer_model model = build_transformer(seed.shape);
   const step_schedule schedule = transformer_schedule(model, seed.activations);
-  log_sink logs;
+  captured_log logs;
   const engine_config cfg = logs.attach(seed.config());
   const memory_plan plan = plan_memory(model.spec, cfg, seed.world, schedule, seed.options());
   const phantom_result run = run_phantom<seed_policies>(model.spec, cfg, seed.world, schedule, seed.steps, seed.device_budget);

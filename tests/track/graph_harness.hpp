@@ -24,8 +24,8 @@ using namespace zshard;
 template <class Backend, class Comm>
 class counting_impl : public offload::on_device_impl<Backend, Comm> {
  public:
-  counting_impl(param_store<Backend>& store, Comm& comm, const engine_config& cfg)
-      : offload::on_device_impl<Backend, Comm>(store, comm, cfg), calls(store.size(), 0), sums(store.size(), 0.0) {}
+  counting_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper, const offload_config& oc)
+      : offload::on_device_impl<Backend, Comm>(store, comm, hyper, oc), calls(store.size(), 0), sums(store.size(), 0.0) {}
   void accumulate_grad(param_id p, const float* g, std::size_t n, typename Backend::stream& ready_on) {
     ++calls[p];
     for (std::size_t i = 0; i < n; ++i) sums[p] += g[i];

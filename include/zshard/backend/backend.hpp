@@ -32,10 +32,12 @@ struct grad_stats {
 
 // What a stream is for. A backend that runs work asynchronously (CUDA) gives each role its own
 // stream through `role_stream(role)`, so gathers and gradient reductions can run while compute
-// does; the engine orders them with events (engine/stream_roles.hpp). A backend without
+// does; the engine orders them with events (state/stream_roles.hpp). A backend without
 // role_stream runs every role on its one stream.
 enum class stream_role : std::uint8_t { compute, gather, reduce, host_copy };
 inline constexpr std::size_t stream_role_count = 4;
+static_assert(static_cast<std::size_t>(stream_role::host_copy) + 1 == stream_role_count,
+              "stream_role_count must count every stream_role: arrays of streams are indexed by role");
 
 constexpr std::string_view to_string(stream_role r) noexcept {
   switch (r) {

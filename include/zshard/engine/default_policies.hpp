@@ -18,4 +18,19 @@ struct default_policies {
   using hook_tracker = track::use_counter;
 };
 
+// The engine's first check on its Policies argument: it names all five policies (deriving from
+// default_policies and overriding some is the usual way).
+template <class P>
+constexpr bool check_policies() {
+  static_assert(requires {
+    typename P::partitioner;
+    typename P::prefetcher;
+    typename P::reducer;
+    typename P::offloader;
+    typename P::hook_tracker;
+  }, "zshard: Policies names partitioner, prefetcher, reducer, offloader and hook_tracker; derive it from "
+     "zshard::default_policies and override the ones you change");
+  return true;
+}
+
 }  // namespace zshard

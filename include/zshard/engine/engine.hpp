@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,6 @@
 #include "zshard/engine/default_policies.hpp"
 #include "zshard/engine/engine_config.hpp"
 #include "zshard/engine/module_scope.hpp"
-#include "zshard/engine/param_store.hpp"
 #include "zshard/engine/residency.hpp"
 #include "zshard/engine/step_report.hpp"
 #include "zshard/offload/offloader.hpp"
@@ -30,44 +30,57 @@
 #include "zshard/optim/loss_scaler.hpp"
 #include "zshard/prefetch/prefetcher.hpp"
 #include "zshard/reduce/reducer.hpp"
+#include "zshard/state/param_store.hpp"
 #include "zshard/track/hook_tracker.hpp"
 
 namespace zshard {
 
-template <backend Backend, communicator Comm, class Policies = default_policies>
+// The template parameters are checked first, each by its own check_*() with a message that says
+// what is missing and how to fix it; they are not constrained in the template head, where a
+// failure would read as a raw "constraints not satisfied".
+template <class Backend, class Comm, class Policies = default_policies>
 class engine {
+  static_assert(check_backend<Backend>());
+  static_assert(check_communicator<Comm>());
+  static_assert(check_policies<Policies>());
+  static_assert(check_partitioner<typename Policies::partitioner, Backend, Comm>());
+  static_assert(check_prefetcher<typename Policies::prefetcher, Backend, Comm>());
+  static_assert(check_hook_tracker<typename Policies::hook_tracker, Backend, Comm>());
+  static_assert(check_offloader<typename Policies::offloader, Backend, Comm>());
+  static_assert(check_reducer<typename Policies::reducer, Backend, Comm,
+                              policy_impl_t<typename Policies::offloader, Backend, Comm>>());
+
  public:
   using backend_type = Backend;
   using comm_type = Comm;
-  using partitioner_type = typename Policies::partitioner;
-  using prefetcher_type = typename Policies::prefetcher;
-  using tracker_type = typename Policies::hook_tracker;
-  using offloader_type = typename Policies::offloader::template impl<Backend, Comm>;
-  using reducer_type = typename Policies::reducer::template impl<Backend, Comm>;
+  using stream_type = typename Backend::stream;
+  using partitioner_type = policy_impl_t<typename Policies::partitioner, Backend, Comm>;
+  using prefetcher_type = policy_impl_t<typename Policies::prefetcher, Backend, Comm>;
+  using tracker_type = policy_impl_t<typename Policies::hook_tracker, Backend, Comm>;
+  using offloader_type = policy_impl_t<typename Policies::offloader, Backend, Comm>;
+  using reducer_type = policy_impl_t<typename Policies::reducer, Backend, Comm>;
   using scope = module_scope<engine>;
 
-  static_assert(check_partitioner<partitioner_type>());
-  static_assert(check_prefetcher<prefetcher_type>());
-  static_assert(check_hook_tracker<tracker_type>());
-  static_assert(check_offloader<typename Policies::offloader, offloader_type, typename Backend::stream>());
-  static_assert(check_reducer<typename Policies::reducer, reducer_type, offloader_type>());
-
-  engine(Backend& backend, Comm& comm, model_spec spec, engine_config cfg)
+  // `compute`: the training stack's compute stream, when it brings its own; the engine's work
+  // that the stack's kernels read or write (and gathers and reductions, through events) is
+  // ordered on it. Default: the backend's compute stream.
+  engine(Backend& backend, Comm& comm, model_spec spec, engine_config cfg,
+         std::optional<stream_type> compute = std::nullopt)
       : backend_(backend),
         comm_(comm),
         spec_(validated(std::move(spec))),
         cfg_(validated(std::move(cfg), comm.rank())),
         layouts_(make_layouts()),
-        store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap),
-        offloader_(store_, comm, cfg_),
-        reducer_(store_, comm, cfg_),
-        residency_(store_, comm, prefetcher_, cfg_),
+        store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap, compute ? &*compute : nullptr),
+        offloader_(store_, comm, cfg_.adamw, cfg_.offload),
+        reducer_(store_, comm, cfg_.reduce),
+        residency_(store_, comm, prefetcher_, cfg_.prefetch),
         scaler_(cfg_.loss_scale),
         lr_(cfg_.adamw.lr) {
     check_same_model_on_every_rank();
     check_module_sizes();
     tracker_.reset(spec_);
-    prefetcher_.reset(spec_, layouts_, cfg_);
+    prefetcher_.reset(spec_, layouts_, cfg_.prefetch, cfg_.log);
     initialize_parameters();
     publish_shards();
     completed_.reserve(spec_.params().size());
@@ -217,6 +230,9 @@ class engine {
   Comm& comm() noexcept { return comm_; }
   const memory_ledger& ledger() const noexcept { return backend_.ledger(); }
   const param_store<Backend>& store() const noexcept { return store_; }
+  const residency<Backend, Comm, prefetcher_type>& residency_state() const noexcept { return residency_; }
+  // The stream the training stack's kernels in a scope run on (scope.stream() says the same).
+  const stream_type& compute_stream() const noexcept { return store_.streams().stream_of(stream_role::compute); }
   std::size_t resident_numel() const noexcept { return store_.resident_numel(); }
   const tracker_type& tracker() const noexcept { return tracker_; }
   const offloader_type& offloader() const noexcept { return offloader_; }
@@ -236,11 +252,7 @@ class engine {
   static engine_config validated(engine_config c, int rank) {
     c.validate();
     c.log = [sink = std::move(c.log), rank](const std::string& line) {
-      const std::string tagged = "rank " + std::to_string(rank) + ": " + line;
-      if (sink)
-        sink(tagged);
-      else
-        std::cerr << "zshard: " << tagged << '\n';
+      say(sink, "rank " + std::to_string(rank) + ": " + line);
     };
     return c;
   }

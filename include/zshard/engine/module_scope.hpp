@@ -32,6 +32,9 @@ class module_scope {
   }
 
   module_id module() const noexcept { return module_; }
+  // The stream the module's own kernels run on: everything the scope hands out is ready in its
+  // order (the engine's compute stream: the backend's, or the one the stack gave the engine).
+  const auto& stream() const { return live().compute_stream(); }
   bool is_backward() const noexcept { return backward_; }
   std::size_t param_count() const { return live().spec().module(module_).params.size(); }
 

@@ -4,6 +4,10 @@
 // a scope needs the room). Owns invariant I5: resident elements stay within max_live_numel,
 // except one module larger than it alone when allow_oversized_module is set.
 //
+// This bookkeeping (pins, holds, the gather marks) is the engine's own: policies never see it,
+// and only this class holds the residency_key that moves a parameter between sharded and
+// gathered (state/param_store.hpp).
+//
 // Gathers are collectives: every rank makes the same decisions in the same order, since they
 // depend only on the model, the layouts, the budgets and the sequence of scopes. They run on
 // the gather stream; the compute stream waits for m's gathers before the scope hands out its
@@ -13,16 +17,21 @@
 #include <vector>
 
 #include "zshard/comm/communicator.hpp"
-#include "zshard/engine/engine_config.hpp"
-#include "zshard/engine/param_store.hpp"
+#include "zshard/prefetch/prefetch_config.hpp"
+#include "zshard/state/param_store.hpp"
 
 namespace zshard {
 
 template <class Backend, class Comm, class Prefetcher>
 class residency {
  public:
-  residency(param_store<Backend>& store, Comm& comm, Prefetcher& prefetcher, const engine_config& cfg)
-      : store_(store), comm_(comm), prefetcher_(prefetcher), cfg_(cfg), held_(store.spec().modules().size(), false) {}
+  residency(param_store<Backend>& store, Comm& comm, Prefetcher& prefetcher, const prefetch_config& cfg)
+      : store_(store),
+        comm_(comm),
+        prefetcher_(prefetcher),
+        cfg_(cfg),
+        entries_(store.size()),
+        held_(store.spec().modules().size(), false) {}
 
   // A scope of m opens: make room, gather and pin m's parameters, check the budget, make
   // compute wait for their gathers (those issued now, or ahead earlier), then gather what the
@@ -31,11 +40,11 @@ class residency {
   void open(module_id m, const std::vector<param_id>& ahead) {
     make_room(m, ahead);
     gather_group(params(m), [](param_id) { return true; });
-    for (param_id p : params(m)) ++store_[p].pins;
+    for (param_id p : params(m)) ++entries_[p].pins;
     check_live_budget(m);
-    for (param_id p : params(m)) store_.await_gather(p);
+    for (param_id p : params(m)) await_gather(p);
     gather_group(ahead, [&](param_id q) {
-      return store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.prefetch.max_live_numel;
+      return store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.max_live_numel;
     });
   }
 
@@ -44,9 +53,9 @@ class residency {
   void close(module_id m, bool held) {
     set_held(m, held);
     for (param_id p : params(m)) {
-      auto& s = store_[p];
-      if (s.pins <= 0) throw error(error_kind::invariant, "unbalanced pins on parameter '" + s.spec->name + "'");
-      --s.pins;
+      auto& e = entries_[p];
+      if (e.pins <= 0) throw error(error_kind::invariant, "unbalanced pins on parameter '" + store_[p].spec->name + "'");
+      --e.pins;
       release_if_unused(p);
     }
   }
@@ -60,7 +69,7 @@ class residency {
   void release_unpinned() {
     for (std::size_t i = store_.gathered_set().size(); i-- > 0;) {
       const param_id p = store_.gathered_set()[i];
-      if (store_[p].pins == 0) store_.release_gathered(p);
+      if (entries_[p].pins == 0) release(p);
     }
   }
 
@@ -68,7 +77,7 @@ class residency {
   std::size_t resident_by_scan() const {
     std::size_t n = 0;
     for (param_id p = 0; p < store_.size(); ++p)
-      if (store_[p].gathered) n += store_[p].layout.padded_numel;
+      if (store_[p].gathered()) n += store_[p].layout.padded_numel;
     return n;
   }
 
@@ -80,8 +89,24 @@ class residency {
     return n;
   }
 
+  // Open scopes using p, and modules the HookTracker holds gathered that list p.
+  int pins(param_id p) const noexcept { return entries_[p].pins; }
+  int holds(param_id p) const noexcept { return entries_[p].holds; }
+
  private:
+  struct entry {
+    int pins = 0;   // open scopes using this parameter
+    int holds = 0;  // modules the HookTracker holds gathered that list this parameter
+    // The end of p's gather on the gather stream, until compute has waited for it.
+    typename stream_roles<Backend>::mark gather_done{};
+  };
+
   const std::vector<param_id>& params(module_id m) const { return store_.spec().module(m).params; }
+
+  // Gathered but neither in use nor held: may be released to make room.
+  bool evictable(param_id p) const noexcept {
+    return store_[p].gathered() && entries_[p].pins == 0 && entries_[p].holds == 0;
+  }
 
   // Gathers the parameters of `wanted` not yet gathered that `admit` lets in, as one group,
   // then marks the group's end on the gather stream for each (a group's collectives run at
@@ -94,8 +119,8 @@ class residency {
         for (param_id p : wanted) {
           auto& s = store_[p];
           if (s.is_gathered() || !admit(p)) continue;
-          store_.mark_gathered(p);
-          comm_.all_gather(s.shard.data(), s.gathered.data(), s.layout.shard_numel, s.type,
+          void* full = store_.begin_gather(p, {});
+          comm_.all_gather(s.shard.data(), full, s.layout.shard_numel, s.type,
                            store_.streams().collective_on(stream_role::gather));
           issued_.push_back(p);
         }
@@ -110,18 +135,36 @@ class residency {
   void mark_issued() {
     if (issued_.empty()) return;
     const auto done = store_.streams().mark_now(stream_role::gather);
-    for (param_id p : issued_) store_[p].gather_done = done;
+    for (param_id p : issued_) entries_[p].gather_done = done;
+  }
+
+  // Compute waits for p's gather (once): before a scope hands p out, and before freeing it.
+  void await_gather(param_id p) {
+    if (store_[p].state() != param_state::gathering) return;
+    auto& e = entries_[p];
+    store_.streams().wait_for(stream_role::compute, e.gather_done);
+    e.gather_done = {};
+    store_.finish_gather(p, {});
+  }
+
+  // Frees p's gathered buffer in the compute stream's order, after its gather (which compute
+  // may not have waited for yet: a parameter gathered ahead can be evicted unused).
+  void release(param_id p) {
+    auto& e = entries_[p];
+    store_.streams().wait_for(stream_role::compute, e.gather_done);
+    e.gather_done = {};
+    store_.release(p, {});
   }
 
   void release_if_unused(param_id p) {
-    if (store_[p].evictable() && !prefetcher_.keep_after_scope(p)) store_.release_gathered(p);
+    if (evictable(p) && !prefetcher_.keep_after_scope(p)) release(p);
   }
 
   void set_held(module_id m, bool held) {
     if (held_[m] == held) return;
     held_[m] = held;
     for (param_id p : params(m)) {
-      store_[p].holds += held ? 1 : -1;
+      entries_[p].holds += held ? 1 : -1;
       if (!held) release_if_unused(p);
     }
   }
@@ -130,7 +173,7 @@ class residency {
   // under max_live_numel, or nothing is left to evict. m's own parameters stay; those the
   // Prefetcher asked for just now go last.
   void make_room(module_id m, const std::vector<param_id>& ahead) {
-    const std::size_t budget = cfg_.prefetch.max_live_numel;
+    const std::size_t budget = cfg_.max_live_numel;
     std::size_t needed = 0;
     for (param_id p : params(m))
       if (!store_[p].is_gathered()) needed += store_[p].layout.padded_numel;
@@ -138,27 +181,28 @@ class residency {
     for (int pass = 0; pass < 2 && store_.resident_numel() + needed > budget; ++pass) {
       for (std::size_t i = store_.gathered_set().size(); i-- > 0 && store_.resident_numel() + needed > budget;) {
         const param_id p = store_.gathered_set()[i];
-        if (!store_[p].evictable() || std::find(own.begin(), own.end(), p) != own.end()) continue;
+        if (!evictable(p) || std::find(own.begin(), own.end(), p) != own.end()) continue;
         const bool wanted_soon = std::find(ahead.begin(), ahead.end(), p) != ahead.end();
-        if (pass == 1 || !wanted_soon) store_.release_gathered(p);
+        if (pass == 1 || !wanted_soon) release(p);
       }
     }
   }
 
   void check_live_budget(module_id m) const {
     const std::size_t resident = store_.resident_numel();
-    if (resident <= cfg_.prefetch.max_live_numel) return;
-    const bool alone = cfg_.prefetch.allow_oversized_module && resident == module_gathered_numel(m);
+    if (resident <= cfg_.max_live_numel) return;
+    const bool alone = cfg_.allow_oversized_module && resident == module_gathered_numel(m);
     ZSHARD_REQUIRE(alone, error_kind::budget,
                    "gathering module '" + store_.spec().module(m).name + "' makes " + std::to_string(resident) +
-                       " elements resident, above max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
+                       " elements resident, above max_live_numel = " + std::to_string(cfg_.max_live_numel),
                    "close enclosing scopes sooner, or raise max_live_numel");
   }
 
   param_store<Backend>& store_;
   Comm& comm_;
   Prefetcher& prefetcher_;
-  const engine_config& cfg_;
+  const prefetch_config& cfg_;
+  std::vector<entry> entries_;    // per parameter
   std::vector<bool> held_;        // modules the HookTracker holds gathered
   std::vector<param_id> issued_;  // the gathers of the group being issued
 };

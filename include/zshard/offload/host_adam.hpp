@@ -29,9 +29,7 @@
 //  - Holds no storage (phantom backend): every array is accounted in the host ledger with its
 //    real size and no memory is touched, so simulated models report host memory per rank.
 //
-// Threads: offload_config::host_threads (engine_config::offload once it exists; see
-// offload_config.hpp), else one per hardware thread; or construct host_adam_impl with an
-// offload_config (a custom family can do that, see tests/offload/test_host_adam.cpp).
+// Threads: offload_config::host_threads (engine_config::offload), else one per hardware thread.
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -62,13 +60,11 @@ class host_adam_impl {
   using own_memory_type = std::conditional_t<has_pinned_memory<Backend>, no_memory, host_memory>;
 
  public:
-  host_adam_impl(param_store<Backend>& store, Comm& comm, const engine_config& cfg)
-      : host_adam_impl(store, comm, cfg, offload_config_of(cfg)) {}
-
-  host_adam_impl(param_store<Backend>& store, Comm& comm, const engine_config& cfg, const offload_config& oc)
+  host_adam_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper,
+                 const offload_config& oc)
       : store_(store),
         comm_(comm),
-        cfg_(cfg),
+        hyper_(hyper),
         oc_(validated(oc)),
         own_memory_("host (offloaded optimizer state)", oc_.host_budget_bytes, holds_storage),
         memory_(pick_memory()),
@@ -131,7 +127,7 @@ class host_adam_impl {
 
   void update(const update_args& a) {
     pool_.wait();
-    optim::adamw_config hyper = cfg_.adamw;
+    optim::adamw_config hyper = hyper_;
     hyper.lr = a.lr;
     steps_[0] = optim::make_adamw_step(hyper, a.step, a.grad_scale, false);
     steps_[1] = optim::make_adamw_step(hyper, a.step, a.grad_scale, true);
@@ -359,7 +355,7 @@ class host_adam_impl {
 
   param_store<Backend>& store_;
   Comm& comm_;
-  const engine_config& cfg_;
+  const optim::adamw_config hyper_;
   const offload_config oc_;
   own_memory_type own_memory_;  // unused when the backend has pinned memory
   resource_type& memory_;

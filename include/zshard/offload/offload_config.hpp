@@ -1,9 +1,6 @@
 #pragma once
-// The values that tune an Offloader keeping optimizer state on the host (offload::host_adam).
-// They are values, not template parameters, like every other size in zshard: the place for
-// them is `engine_config::offload`. Until engine_config has that member, offload_config_of()
-// returns the defaults, and host_adam_impl also takes an offload_config directly.
-#include <concepts>
+// The values that tune an Offloader keeping optimizer state on the host (offload::host_adam):
+// `engine_config::offload`. Values, not template parameters, like every other size in zshard.
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -42,17 +39,5 @@ struct offload_config {
                    "a staging half must hold at least one tile; use a few million elements");
   }
 };
-
-// The offload settings of an engine config: its `offload` member when it has one, otherwise
-// the defaults.
-template <class Config>
-offload_config offload_config_of(const Config& cfg) {
-  if constexpr (requires {
-                  { cfg.offload } -> std::convertible_to<offload_config>;
-                })
-    return cfg.offload;
-  else
-    return offload_config{};
-}
 
 }  // namespace zshard

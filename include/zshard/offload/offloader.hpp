@@ -1,8 +1,8 @@
 #pragma once
 // Offloader: where optimizer state (fp32 master, AdamW moments) and gradient shards live, and
-// where the update runs. A policy is a family: `template <class Backend, class Comm> using
-// impl = ...;`. An implementation is constructed from (param_store&, Comm&, const
-// engine_config&) and provides:
+// where the update runs. A policy is a family (core/policy_family.hpp): `template <class
+// Backend, class Comm> using impl = ...;`. An implementation is constructed from
+// (param_store&, Comm&, const optim::adamw_config&, const offload_config&) and provides:
 //   init_param(p, values)        f32 initial values of p's shard (on the backend), trainable p only
 //   accumulate_grad(p, g, n, s)  add a reduced gradient shard (on the backend, f32); called by the
 //                                Reducer as buckets finish, so an offloader may stream it out.
@@ -24,8 +24,11 @@
 #include <cstdint>
 
 #include "zshard/backend/backend.hpp"
+#include "zshard/core/policy_family.hpp"
 #include "zshard/core/policy_tags.hpp"
-#include "zshard/engine/param_store.hpp"
+#include "zshard/offload/offload_config.hpp"
+#include "zshard/optim/adamw.hpp"
+#include "zshard/state/param_store.hpp"
 
 namespace zshard {
 
@@ -45,16 +48,23 @@ concept offloader = requires(O& o, param_id p, const float* g, std::size_t n, St
   { o.state_ledger() } -> std::same_as<const memory_ledger&>;
 };
 
-template <class Family>
-concept offloader_family = opts_into<Family, offloader_tag>;
-
-template <class Family, class O, class Stream>
+// The engine checks its Offloader family for its backend and communicator.
+template <class Family, class Backend, class Comm>
 constexpr bool check_offloader() {
-  static_assert(offloader_family<Family>,
-                "zshard: an Offloader policy declares `using zshard_tag = zshard::offloader_tag;` and "
-                "`template <class Backend, class Comm> using impl = ...;`");
-  static_assert(offloader<O, Stream>, "zshard: the Offloader implementation does not provide the contract; see "
-                              "offload/offloader.hpp");
+  constexpr bool tagged = opts_into<Family, offloader_tag>;
+  constexpr bool named = has_policy_impl<Family, Backend, Comm>;
+  using impl = policy_impl_t<Family, Backend, Comm>;
+  static_assert(tagged, "zshard: an Offloader policy declares `using zshard_tag = zshard::offloader_tag;`");
+  static_assert(!tagged || named,
+                "zshard: an Offloader policy names its implementation: `template <class Backend, class Comm> using "
+                "impl = ...;`");
+  static_assert(!(tagged && named) || std::constructible_from<impl, param_store<Backend>&, Comm&,
+                                                              const optim::adamw_config&, const offload_config&>,
+                "zshard: an Offloader implementation is constructible from (param_store<Backend>&, Comm&, "
+                "const optim::adamw_config&, const offload_config&)");
+  static_assert(!(tagged && named) || offloader<impl, typename Backend::stream>,
+                "zshard: the Offloader implementation does not provide init_param, accumulate_grad, "
+                "local_grad_stats, update, discard_grads and state_ledger; see offload/offloader.hpp");
   return true;
 }
 

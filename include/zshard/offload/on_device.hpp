@@ -13,8 +13,9 @@ namespace zshard::offload {
 template <class Backend, class Comm>
 class on_device_impl {
  public:
-  on_device_impl(param_store<Backend>& store, Comm& comm, const engine_config& cfg)
-      : store_(store), comm_(comm), cfg_(cfg) {
+  // offload_config tunes the host Offloader only: nothing of it applies on the device.
+  on_device_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper, const offload_config&)
+      : store_(store), comm_(comm), hyper_(hyper) {
     Backend& b = store.backend();
     state_.resize(store.size());
     for (param_id p = 0; p < store.size(); ++p) {
@@ -56,7 +57,7 @@ class on_device_impl {
 
   void update(const update_args& a) {
     Backend& b = store_.backend();
-    optim::adamw_config hyper = cfg_.adamw;
+    optim::adamw_config hyper = hyper_;
     hyper.lr = a.lr;
     for (param_id p = 0; p < store_.size(); ++p) {
       auto& st = state_[p];
@@ -89,7 +90,7 @@ class on_device_impl {
 
   param_store<Backend>& store_;
   Comm& comm_;
-  const engine_config& cfg_;
+  const optim::adamw_config hyper_;
   std::vector<param_state> state_;
 };
 

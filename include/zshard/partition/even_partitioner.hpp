@@ -7,6 +7,8 @@ namespace zshard::partition {
 
 struct even {
   using zshard_tag = partitioner_tag;
+  template <class Backend, class Comm>
+  using impl = even;
 
   shard_layout layout(std::size_t numel, int world, const partition_config& cfg) const {
     ZSHARD_REQUIRE(world >= 1, error_kind::config, "world size must be at least 1");

@@ -1,8 +1,8 @@
 #pragma once
 // Prefetcher: decides what to gather ahead of use and what to keep gathered after a scope.
-// Contract:
-//   reset(spec, layouts, cfg)            once, binding it to a model, its shard layouts and the
-//                                        engine config (budgets in cfg.prefetch, cfg.say() to log)
+// A family (core/policy_family.hpp) whose implementation provides:
+//   reset(spec, layouts, cfg, log)       once, binding it to a model, its shard layouts, its
+//                                        budgets (prefetch_config) and where to say things
 //   on_scope_enter(m, kind, ahead)       appends parameters to gather ahead of their use (beyond
 //                                        m's own, which the engine gathers anyway). The engine
 //                                        gathers them, in order, only while resident elements stay
@@ -15,30 +15,47 @@
 #include <concepts>
 #include <vector>
 
+#include "zshard/core/log.hpp"
+#include "zshard/core/policy_family.hpp"
 #include "zshard/core/policy_tags.hpp"
-#include "zshard/engine/engine_config.hpp"
 #include "zshard/model/model_spec.hpp"
-#include "zshard/partition/partitioner.hpp"
-#include "zshard/track/hook_tracker.hpp"
+#include "zshard/model/use_kind.hpp"
+#include "zshard/partition/shard_layout.hpp"
+#include "zshard/prefetch/prefetch_config.hpp"
 
 namespace zshard {
 
 template <class P>
-concept prefetcher = opts_into<P, prefetcher_tag> &&
-                     requires(P& p, const model_spec& spec, const std::vector<shard_layout>& layouts,
-                              const engine_config& cfg, module_id m, use_kind k, std::vector<param_id>& ahead,
-                              param_id q) {
-                       p.reset(spec, layouts, cfg);
-                       p.on_scope_enter(m, k, ahead);
-                       { p.keep_after_scope(q) } -> std::same_as<bool>;
-                       p.on_step();
-                     };
+concept prefetcher = requires(P& p, const model_spec& spec, const std::vector<shard_layout>& layouts,
+                              const prefetch_config& cfg, const log_sink& log, module_id m, use_kind k,
+                              std::vector<param_id>& ahead, param_id q) {
+  p.reset(spec, layouts, cfg, log);
+  p.on_scope_enter(m, k, ahead);
+  { p.keep_after_scope(q) } -> std::same_as<bool>;
+  p.on_step();
+};
 
-template <class P>
+// A policy family that opted in (a structural match alone never counts) and whose
+// implementation conforms.
+template <class F, class B = any_backend, class C = any_comm>
+concept prefetcher_family = opts_into<F, prefetcher_tag> && has_policy_impl<F, B, C> && prefetcher<policy_impl_t<F, B, C>>;
+
+// `static_assert(check_prefetcher<my_prefetcher>());` next to a Prefetcher's definition.
+template <class Family, class Backend = any_backend, class Comm = any_comm>
 constexpr bool check_prefetcher() {
-  static_assert(opts_into<P, prefetcher_tag>,
-                "zshard: a Prefetcher declares `using zshard_tag = zshard::prefetcher_tag;`");
-  static_assert(prefetcher<P>, "zshard: the type does not provide the Prefetcher contract; see prefetch/prefetcher.hpp");
+  constexpr bool tagged = opts_into<Family, prefetcher_tag>;
+  constexpr bool named = has_policy_impl<Family, Backend, Comm>;
+  static_assert(tagged, "zshard: a Prefetcher declares `using zshard_tag = zshard::prefetcher_tag;`");
+  static_assert(!tagged || named,
+                "zshard: a Prefetcher names its implementation: `template <class Backend, class Comm> using impl = "
+                "...;` (one that needs neither names itself)");
+  static_assert(!(tagged && named) || !inherits_base_impl<Family, Backend, Comm>(),
+                "zshard: this Prefetcher derives from a policy whose `impl` names the base, so it would run as the base; "
+                "declare `template <class Backend, class Comm> using impl = <this type>;` in it");
+  static_assert(!(tagged && named) || prefetcher<policy_impl_t<Family, Backend, Comm>>,
+                "zshard: a Prefetcher provides reset(const model_spec&, const std::vector<shard_layout>&, "
+                "const prefetch_config&, const log_sink&), on_scope_enter(module_id, use_kind, "
+                "std::vector<param_id>&), bool keep_after_scope(param_id) and on_step(); see prefetch/prefetcher.hpp");
   return true;
 }
 

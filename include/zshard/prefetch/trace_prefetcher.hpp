@@ -19,10 +19,14 @@ namespace zshard::prefetch {
 class trace {
  public:
   using zshard_tag = prefetcher_tag;
+  template <class Backend, class Comm>
+  using impl = trace;
 
-  void reset(const model_spec& spec, const std::vector<shard_layout>& layouts, const engine_config& cfg) {
+  void reset(const model_spec& spec, const std::vector<shard_layout>& layouts, const prefetch_config& cfg,
+             const log_sink& log) {
     spec_ = &spec;
-    cfg_ = &cfg;
+    cfg_ = cfg;
+    log_ = log;
     module_numel_.assign(spec.modules().size(), 0);
     for (module_id m = 0; m < spec.modules().size(); ++m)
       for (param_id p : spec.module(m).params)
@@ -50,7 +54,7 @@ class trace {
       window_numel_ = 0;
     }
     ++pos_;
-    const std::size_t budget = cfg_->prefetch.prefetch_numel;
+    const std::size_t budget = cfg_.prefetch_numel;
     while (frontier_ < trace_.size()) {
       const module_id next = trace_[frontier_].module;
       if (window_numel_ + module_numel_[next] > budget) break;
@@ -61,7 +65,7 @@ class trace {
   }
 
   bool keep_after_scope(param_id p) const {
-    const std::size_t reach = cfg_->prefetch.max_reuse_distance;
+    const std::size_t reach = cfg_.max_reuse_distance;
     if (state_ != state::replaying || reach == 0) return false;
     std::size_t distance = 0;
     for (std::size_t i = pos_; i < trace_.size() && distance <= reach; ++i) {
@@ -114,12 +118,13 @@ class trace {
   }
   void note(const std::string& what) {
     if (divergences_++ == 0)
-      cfg_->say("prefetch: the model left its recorded trace (" + what +
+      say(log_, "prefetch: the model left its recorded trace (" + what +
                 "); prefetching is on-demand until a new trace is recorded (said once; see divergences())");
   }
 
   const model_spec* spec_ = nullptr;
-  const engine_config* cfg_ = nullptr;
+  prefetch_config cfg_{};
+  log_sink log_{};
   std::vector<std::size_t> module_numel_;  // gathered elements of each module (replicated excluded)
   state state_ = state::recording;
   std::vector<entry> trace_, recording_;

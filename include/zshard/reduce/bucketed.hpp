@@ -19,8 +19,8 @@ namespace zshard::reduce {
 template <class Backend, class Comm>
 class bucketed_reducer {
  public:
-  bucketed_reducer(param_store<Backend>& store, Comm& comm, const engine_config& cfg)
-      : store_(store), comm_(comm), bucket_numel_(cfg.reduce.reduce_bucket_numel) {
+  bucketed_reducer(param_store<Backend>& store, Comm& comm, const reduce_config& cfg)
+      : store_(store), comm_(comm), bucket_numel_(cfg.reduce_bucket_numel) {
     pending_.reserve(store.size());
   }
 

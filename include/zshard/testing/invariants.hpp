@@ -37,12 +37,12 @@ std::vector<std::string> step_boundary_violations(const Engine& eng) {
   std::size_t scanned = 0;
   for (param_id p = 0; p < spec.params().size(); ++p) {
     const auto& s = eng.store()[p];
-    if (s.gathered) {
+    if (s.gathered()) {
       scanned += s.layout.padded_numel;
       v.push_back("parameter '" + spec.param(p).name + "' still gathered (I4)");
     }
     if (s.full_grad) v.push_back("parameter '" + spec.param(p).name + "' still holds a full gradient (I3)");
-    if (s.pins != 0 || s.holds != 0) v.push_back("parameter '" + spec.param(p).name + "' still pinned or held (I2)");
+    if (eng.residency_state().pins(p) != 0 || eng.residency_state().holds(p) != 0) v.push_back("parameter '" + spec.param(p).name + "' still pinned or held (I2)");
   }
   if (scanned != eng.resident_numel()) v.push_back("resident elements by scan and by set disagree (I5)");
   if (eng.reducer().pending_numel() != 0) v.push_back("the Reducer still has gradients pending (I6)");

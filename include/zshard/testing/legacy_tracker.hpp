@@ -15,6 +15,8 @@ namespace zshard::testing {
 
 class legacy_tracker : public track::use_counter {
  public:
+  template <class Backend, class Comm>
+  using impl = legacy_tracker;  // not the base's: a derived policy names itself again
   void reset(const model_spec& spec) {
     use_counter::reset(spec);
     drifting_.assign(spec.modules().size(), 0);

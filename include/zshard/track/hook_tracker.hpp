@@ -28,25 +28,12 @@
 #include <string_view>
 #include <vector>
 
+#include "zshard/core/policy_family.hpp"
 #include "zshard/core/policy_tags.hpp"
 #include "zshard/model/model_spec.hpp"
+#include "zshard/model/use_kind.hpp"
 
 namespace zshard {
-
-enum class use_kind : std::uint8_t {
-  counted,    // a forward whose backward will run
-  recompute,  // a checkpointed block's forward re-run during backward: gathers, never counts
-  no_grad,    // evaluation, reference-model passes: gathers, never counts
-};
-
-constexpr std::string_view to_string(use_kind k) noexcept {
-  switch (k) {
-    case use_kind::counted: return "counted";
-    case use_kind::recompute: return "recompute";
-    case use_kind::no_grad: return "no_grad";
-  }
-  return "?";
-}
 
 enum class step_phase : std::uint8_t { forward, backward };
 
@@ -56,27 +43,41 @@ struct swept_use {
 };
 
 template <class T>
-concept hook_tracker =
-    opts_into<T, hook_tracker_tag> &&
-    requires(T& t, const T& ct, const model_spec& spec, module_id m, use_kind k, std::vector<param_id>& completed,
-             std::vector<swept_use>& swept) {
-      t.reset(spec);
-      { t.on_forward(m, k) } -> std::same_as<bool>;
-      t.on_begin_backward();
-      t.on_backward(m);
-      t.on_backward_done(m, completed);
-      t.on_end_backward(completed, swept);
-      t.on_step();
-      { ct.keeps_gathered(m) } -> std::same_as<bool>;
-      { ct.phase() } -> std::same_as<step_phase>;
-      { ct.pending_uses(m) } -> std::convertible_to<std::int64_t>;
-    };
+concept hook_tracker = requires(T& t, const T& ct, const model_spec& spec, module_id m, use_kind k,
+                                std::vector<param_id>& completed, std::vector<swept_use>& swept) {
+  t.reset(spec);
+  { t.on_forward(m, k) } -> std::same_as<bool>;
+  t.on_begin_backward();
+  t.on_backward(m);
+  t.on_backward_done(m, completed);
+  t.on_end_backward(completed, swept);
+  t.on_step();
+  { ct.keeps_gathered(m) } -> std::same_as<bool>;
+  { ct.phase() } -> std::same_as<step_phase>;
+  { ct.pending_uses(m) } -> std::convertible_to<std::int64_t>;
+};
 
-template <class T>
+// A policy family that opted in (a structural match alone never counts) and whose
+// implementation conforms.
+template <class F, class B = any_backend, class C = any_comm>
+concept hook_tracker_family = opts_into<F, hook_tracker_tag> && has_policy_impl<F, B, C> && hook_tracker<policy_impl_t<F, B, C>>;
+
+// `static_assert(check_hook_tracker<my_tracker>());` next to a HookTracker's definition.
+template <class Family, class Backend = any_backend, class Comm = any_comm>
 constexpr bool check_hook_tracker() {
-  static_assert(opts_into<T, hook_tracker_tag>,
-                "zshard: a HookTracker declares `using zshard_tag = zshard::hook_tracker_tag;`");
-  static_assert(hook_tracker<T>, "zshard: the type does not provide the HookTracker contract; see track/hook_tracker.hpp");
+  constexpr bool tagged = opts_into<Family, hook_tracker_tag>;
+  constexpr bool named = has_policy_impl<Family, Backend, Comm>;
+  static_assert(tagged, "zshard: a HookTracker declares `using zshard_tag = zshard::hook_tracker_tag;`");
+  static_assert(!tagged || named,
+                "zshard: a HookTracker names its implementation: `template <class Backend, class Comm> using impl = "
+                "...;` (one that needs neither names itself)");
+  static_assert(!(tagged && named) || !inherits_base_impl<Family, Backend, Comm>(),
+                "zshard: this HookTracker derives from a policy whose `impl` names the base, so it would run as the base; "
+                "declare `template <class Backend, class Comm> using impl = <this type>;` in it");
+  static_assert(!(tagged && named) || hook_tracker<policy_impl_t<Family, Backend, Comm>>,
+                "zshard: the HookTracker does not provide its contract (reset, on_forward -> bool, on_begin_backward, "
+                "on_backward, on_backward_done, on_end_backward, on_step, keeps_gathered, phase, pending_uses); see "
+                "track/hook_tracker.hpp");
   return true;
 }
 

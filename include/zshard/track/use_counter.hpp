@@ -13,6 +13,8 @@ namespace zshard::track {
 class use_counter {
  public:
   using zshard_tag = hook_tracker_tag;
+  template <class Backend, class Comm>
+  using impl = use_counter;
 
   void reset(const model_spec& spec) {
     spec_ = &spec;

@@ -1,12 +1,15 @@
 #pragma once
 // Which stream each kind of engine work runs on, and the events that order the streams.
 //
-// Three roles: compute (the training stack's kernels, the optimizer, anything the host reads),
-// gather (all-gathers of parameters, those the Prefetcher asks for ahead included) and reduce
-// (reduce-scatters of gradients and their accumulation into gradient shards). With overlap on
-// and a backend that has role streams (CUDA), each role has its own stream, so the gather of
-// the next module and the reduction of the last one run while the current module computes.
-// Otherwise the three roles share the backend's one stream and ordering is free.
+// The roles (backend.hpp's stream_role): compute (the training stack's kernels, the optimizer,
+// anything the host reads), gather (all-gathers of parameters, those the Prefetcher asks for
+// ahead included), reduce (reduce-scatters of gradients and their accumulation into gradient
+// shards) and host_copy (device-host copies; no engine work uses it yet). With overlap on and a
+// backend that has role streams (CUDA), each role has its own stream, so the gather of the next
+// module and the reduction of the last one run while the current module computes. Otherwise
+// every role shares the backend's one stream and ordering is free. The compute stream may be
+// the training stack's own (engine constructor): the engine then orders its work after the
+// stack's kernels on that stream with no extra event.
 //
 // The rules the engine keeps (tests/engine/test_stream_order.cpp checks them with a race
 // detector, testing/stream_checker.hpp):
@@ -40,17 +43,25 @@ template <class Backend>
 class stream_roles {
  public:
   using stream = typename Backend::stream;
-  static constexpr std::size_t role_count = 3;  // compute, gather, reduce
+  static constexpr std::size_t role_count = stream_role_count;
 
-  stream_roles(Backend& backend, bool overlap) : backend_(backend), overlapped_(overlap && has_role_streams<Backend>) {
+  // `compute`: the training stack's compute stream, when it brings its own (else the backend's).
+  stream_roles(Backend& backend, bool overlap, const stream* compute = nullptr)
+      : backend_(backend), overlapped_(overlap && has_role_streams<Backend>) {
     for (std::size_t r = 0; r < role_count; ++r) {
-      if constexpr (has_role_streams<Backend>)
-        streams_[r] = overlapped_ ? backend.role_stream(static_cast<stream_role>(r)) : backend.make_stream();
-      else
-        streams_[r] = backend.make_stream();
+      const auto role = static_cast<stream_role>(r);
+      if (role == stream_role::compute && compute)
+        streams_[r] = *compute;
+      else if (!overlapped_)
+        streams_[r] = compute ? *compute : backend.make_stream();
+      else if constexpr (has_role_streams<Backend>)
+        streams_[r] = backend.role_stream(role);
       if (overlapped_) events_[r] = backend.make_event();
     }
   }
+
+  // The stream a role's work runs on, without counting work (to hand to the training stack).
+  const stream& stream_of(stream_role role) const noexcept { return streams_[index(role)]; }
   stream_roles(const stream_roles&) = delete;
   stream_roles& operator=(const stream_roles&) = delete;
 

@@ -1,0 +1,27 @@
+#pragma once
+// What a forward use of a module is for; the HookTracker counts by it (I1) and the Prefetcher
+// records it in its trace.
+#include <cstdint>
+#include <string_view>
+
+namespace zshard {
+
+enum class use_kind : std::uint8_t {
+  counted,    // a forward whose backward will run
+  recompute,  // a checkpointed block's forward re-run during backward: gathers, never counts
+  no_grad,    // evaluation, reference-model passes: gathers, never counts
+};
+
+constexpr std::string_view to_string(use_kind k) noexcept {
+  switch (k) {
+    case use_kind::counted:
+      return "counted";
+    case use_kind::recompute:
+      return "recompute";
+    case use_kind::no_grad:
+      return "no_grad";
+  }
+  return "?";
+}
+
+}  // namespace zshard
