@@ -33,3 +33,62 @@ TEST_CASE("the README example trains and leaves a clean step boundary") {
     CHECK(w0[0] < init - 5e-3f);
   });
 }
+
+// The README's policy example: a Partitioner family written from scratch, swapped in by type.
+namespace readme_policy {
+
+struct replicate_all {
+  using zshard_tag = zshard::partitioner_tag;  // opt in: a look-alike never counts
+  template <class Backend, class Comm>
+  using impl = replicate_all;
+  zshard::shard_layout layout(std::size_t numel, int /*world*/, const zshard::partition_config&) const {
+    return {.numel = numel, .shard_numel = numel, .padded_numel = numel, .replicated = true};
+  }
+};
+static_assert(zshard::check_partitioner<replicate_all>());  // readable errors at the definition
+
+struct my_policies : zshard::default_policies {
+  using partitioner = replicate_all;
+};
+
+}  // namespace readme_policy
+
+TEST_CASE("the README policy example: replicate_all keeps every parameter whole and trains like the default") {
+  zshard::model_spec spec;
+  auto w = spec.add_param("block0.w", {16, 16});
+  auto block0 = spec.add_module("block0", {w});
+  std::vector<float> by_policy[2];
+  for (int variant = 0; variant < 2; ++variant) {
+    zshard::run_ranks(2, [&](zshard::thread_comm& comm) {
+      zshard::host_backend backend;
+      const auto train = [&](auto& eng) {
+        for (int step = 0; step < 3; ++step) {
+          { auto g = eng.forward(block0); }
+          eng.begin_backward();
+          {
+            auto g = eng.backward(block0);
+            for (int i = 0; i < 256; ++i) g.grad_data(0)[i] += float(i % 7) - 3.0f;
+          }
+          eng.end_backward();
+          eng.step();
+        }
+        const auto full = eng.gather_param(w);
+        if (comm.rank() == 0) by_policy[variant] = full;
+      };
+      if (variant == 0) {
+        zshard::engine<zshard::host_backend, zshard::thread_comm, readme_policy::my_policies> eng(backend, comm, spec,
+                                                                                                 {});
+        CHECK(eng.layout(w).replicated);
+        CHECK(backend.ledger().peak(zshard::mem_category::gathered_params) == 0);  // never gathers
+        train(eng);
+        CHECK(backend.ledger().peak(zshard::mem_category::gathered_params) == 0);
+      } else {
+        zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, spec, {});
+        CHECK_FALSE(eng.layout(w).replicated);
+        train(eng);
+      }
+    });
+  }
+  REQUIRE(by_policy[0].size() == 256);
+  for (std::size_t i = 0; i < 256; ++i) CHECK(by_policy[0][i] == doctest::Approx(by_policy[1][i]).epsilon(1e-6));
+}

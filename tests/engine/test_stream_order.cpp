@@ -249,6 +249,43 @@ TEST_CASE("overlap off, or a backend without role streams: one stream, no events
   });
 }
 
+TEST_CASE("the training stack's own compute stream: the engine orders its work on it, scope.stream() names it") {
+  // The stack brings its stream (here the checker's host_copy stream, which no engine role
+  // uses otherwise). Kernels noted there are ordered with every gather and reduction; the
+  // same kernels noted on the backend's default compute stream instead are not (control).
+  const program p = make_program(7003);
+  scenario sc{.world = 2};
+  for (const bool on_stack_stream : {true, false}) {
+    CAPTURE(on_stack_stream);
+    std::array<std::size_t, 2> violations{};
+    run_ranks(sc.world, [&](thread_comm& inner) {
+      checked_backend backend;
+      checked_comm<thread_comm> comm(inner, backend);
+      const auto stack = backend.role_stream(stream_role::host_copy);
+      engine_config cfg = config_for(sc, p.spec);
+      cfg.log = [](const std::string&) {};  // the last, extra no-grad scope leaves the trace: said, not a failure
+      engine<checked_backend, checked_comm<thread_comm>> eng(backend, comm, p.spec, cfg, stack);
+      REQUIRE(eng.store().streams().overlapped());
+      CHECK(eng.compute_stream().handle() == stack.handle());
+      const auto kernels_on = on_stack_stream ? stream_role::host_copy : stream_role::compute;
+      train(eng, p, 2, [&](const void* data, std::size_t bytes, bool write) {
+        backend.note_access(data, bytes, write, kernels_on);
+      });
+      {
+        auto g = eng.forward(module_id{0}, use_kind::no_grad);
+        CHECK(g.stream().handle() == stack.handle());
+      }
+      violations[static_cast<std::size_t>(inner.rank())] = backend.violations().size();
+    });
+    for (std::size_t v : violations) {
+      if (on_stack_stream)
+        CHECK(v == 0);
+      else
+        CHECK(v > 0);
+    }
+  }
+}
+
 TEST_CASE("overlap: a reduction waits for the kernels of the scope that completed it, even an idle scope") {
   // A (used twice) and B hold replicated parameters and the bucket is one element, so in the
   // second backward of A the engine enqueues nothing on compute itself (no gather, no new

@@ -6,11 +6,11 @@
 // copies), and events between them; nothing blocks the host except synchronize() and
 // grad_stats_of(), whose result the host needs.
 //
-// Streams: make_stream() hands out the *compute* stream, so an engine that uses one stream
-// for everything (as the engine does today) gets one in-order queue and is correct without
-// any event. role_stream(role) gives the others for overlap: work put there must be ordered
-// against the compute stream with record()/wait(), and memory must be freed on a stream
-// ordered after its last use (deallocate(..., stream)). Pointers handed out are device
+// Streams: make_stream() hands out the *compute* stream, so an engine with overlap off
+// (engine_config::overlap) runs everything in one in-order queue, correct without any event.
+// role_stream(role) gives the others; with overlap on (the default) the engine runs gathers and
+// reductions there and orders them against compute with record()/wait() (state/stream_roles.hpp).
+// Memory must be freed on a stream ordered after its last use (deallocate(..., stream)). Pointers handed out are device
 // pointers: read them on the host through copy() and synchronize(), never directly.
 //
 // Launches kernels, so it is for CUDA translation units (.cu, compiled by nvcc). Link

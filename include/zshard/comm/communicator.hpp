@@ -181,7 +181,7 @@ void grouped(Comm& comm, Issue&& issue) {
 // missing piece of the contract fails with its own message instead of a wall of template text.
 template <class C>
 constexpr bool check_communicator() {
-  static_assert(detail::comm_tagged<C>, "zshard: C must declare `using zshard_tag = zshard::communicator_tag;`");
+  static_assert(detail::comm_tagged<C>, "zshard: a communicator declares `using zshard_tag = zshard::communicator_tag;`");
   static_assert(detail::comm_has_rank_size<C>,
                 "zshard: a communicator provides `int rank() const` and `int size() const`");
   static_assert(detail::comm_has_all_gather<C>,

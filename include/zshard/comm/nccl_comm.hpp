@@ -109,8 +109,8 @@ class nccl_comm {
   // options.timeout (a rank that never comes, a wrong id).
   nccl_comm(const ncclUniqueId& id, int nranks, int rank, int device, nccl_options opts = {})
       : rank_(rank), size_(nranks), device_(device), opts_(opts) {
-    require(nranks >= 1, error_kind::usage, "nccl_comm: nranks must be at least 1, got " + std::to_string(nranks));
-    require(rank >= 0 && rank < nranks, error_kind::usage,
+    ZSHARD_REQUIRE(nranks >= 1, error_kind::usage, "nccl_comm: nranks must be at least 1, got " + std::to_string(nranks));
+    ZSHARD_REQUIRE(rank >= 0 && rank < nranks, error_kind::usage,
             "nccl_comm: rank " + std::to_string(rank) + " is outside [0, " + std::to_string(nranks) + ")");
     try {
       make_resources();
@@ -130,7 +130,7 @@ class nccl_comm {
   // ncclCommInitRankConfig, the non-blocking form of ncclCommInitAll). Use each from its own thread.
   static std::vector<nccl_comm> create_local(std::span<const int> devices, nccl_options opts = {}) {
     const int n = static_cast<int>(devices.size());
-    require(n >= 1, error_kind::usage, "nccl_comm::create_local needs at least one device");
+    ZSHARD_REQUIRE(n >= 1, error_kind::usage, "nccl_comm::create_local needs at least one device");
     const ncclUniqueId id = make_unique_id();
     std::vector<nccl_comm> comms;
     comms.reserve(devices.size());
@@ -196,7 +196,7 @@ class nccl_comm {
 
   // op: sum or average (ncclAvg).
   void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream s = {}) {
-    require(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
+    ZSHARD_REQUIRE(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
             "use all_reduce with reduce_op::max");
     const std::size_t block = count * size_of(t);
     check_pointers("reduce_scatter", src, dst, count);
@@ -221,7 +221,7 @@ class nccl_comm {
   }
 
   void broadcast(void* dst, std::size_t count, dtype t, int root, comm_stream s = {}) {
-    require(root >= 0 && root < size_, error_kind::usage,
+    ZSHARD_REQUIRE(root >= 0 && root < size_, error_kind::usage,
             "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size_));
     check_pointers("broadcast", dst, dst, count);
     if (count == 0) return;
@@ -231,7 +231,7 @@ class nccl_comm {
 
   // Every rank has reached this point and all work before it on stream_of(s) has finished.
   void barrier(comm_stream s = {}) {
-    require(group_depth_ == 0, error_kind::usage, "barrier() inside a group_start()/group_end() pair");
+    ZSHARD_REQUIRE(group_depth_ == 0, error_kind::usage, "barrier() inside a group_start()/group_end() pair");
     check_pointers("barrier", scratch_, scratch_, 1);
     enqueued_nowait("ncclAllReduce (barrier)",
                     ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_of(s)));
@@ -250,7 +250,7 @@ class nccl_comm {
     ++group_depth_;
   }
   void group_end() {
-    require(group_depth_ > 0, error_kind::usage, "group_end() without group_start()");
+    ZSHARD_REQUIRE(group_depth_ > 0, error_kind::usage, "group_end() without group_start()");
     --group_depth_;
     enqueued_nowait("ncclGroupEnd", ncclGroupEnd());
     if (group_depth_ > 0) return;

@@ -67,9 +67,4 @@ class error : public std::runtime_error {
     if (!(condition)) [[unlikely]] throw ::zshard::error(__VA_ARGS__); \
   } while (0)
 
-// The function form, for callers outside hot paths that prefer it.
-inline void require(bool condition, error_kind kind, const std::string& message, const std::string& hint = {}) {
-  if (!condition) throw error(kind, message, hint);
-}
-
 }  // namespace zshard

@@ -206,12 +206,12 @@ class engine {
     rethrow_if_broken();
     const auto& s = store_[p];
     auto& streams = store_.streams();
-    buffer<Backend> staging(backend_, dtype::f32, s.layout.padded_numel, mem_category::scratch);
+    buffer<Backend> staging = scratch(dtype::f32, s.layout.padded_numel);
     if (s.layout.replicated) {
       backend_.convert(s.shard.data(), s.type, staging.data(), dtype::f32, s.layout.numel,
                        streams.on(stream_role::compute));
     } else {
-      buffer<Backend> full(backend_, s.type, s.layout.padded_numel, mem_category::scratch);
+      buffer<Backend> full = scratch(s.type, s.layout.padded_numel);
       comm_.all_gather(s.shard.data(), full.data(), s.layout.shard_numel, s.type,
                        streams.collective_on(stream_role::compute));
       backend_.convert(full.data(), s.type, staging.data(), dtype::f32, s.layout.numel,
@@ -272,8 +272,8 @@ class engine {
                          cfg_.partition.shard_alignment_numel;
       const auto world = static_cast<std::size_t>(comm_.size());
       std::vector<std::uint64_t> all(world);
-      buffer<Backend> mine(backend_, dtype::f32, 2, mem_category::scratch);
-      buffer<Backend> gathered(backend_, dtype::f32, 2 * world, mem_category::scratch);
+      buffer<Backend> mine = scratch(dtype::f32, 2);
+      buffer<Backend> gathered = scratch(dtype::f32, 2 * world);
       auto& streams = store_.streams();
       backend_.copy(mine.data(), &fp, sizeof fp, streams.on(stream_role::compute));
       // 64 bits as two f32 words: a copy
@@ -311,7 +311,7 @@ class engine {
         const std::size_t begin = s.layout.owned_begin(rank), end = s.layout.owned_end(rank);
         for (std::size_t g = begin; g < end; ++g) values[g - begin] = s.spec->init(static_cast<std::int64_t>(g));
         auto& compute = store_.streams().on(stream_role::compute);
-        buffer<Backend> staging(backend_, dtype::f32, n, mem_category::scratch);
+        buffer<Backend> staging = scratch(dtype::f32, n);
         backend_.copy(staging.data(), values.data(), n * sizeof(float), compute);
         backend_.convert(staging.data(), dtype::f32, s.shard.data(), s.type, n, compute);
         if (s.spec->trainable) offloader_.init_param(p, staging.template as<float>());
@@ -401,13 +401,19 @@ class engine {
     const float hi = static_cast<float>(local.sum_squares);
     float msg[3] = {hi, static_cast<float>(local.sum_squares - double(hi)), local.nonfinite ? 1.0f : 0.0f};
     auto& streams = store_.streams();
-    buffer<Backend> dev(backend_, dtype::f32, 3, mem_category::scratch);
+    buffer<Backend> dev = scratch(dtype::f32, 3);
     backend_.copy(dev.data(), msg, sizeof msg, streams.on(stream_role::compute));
     comm_.all_reduce(dev.data(), dev.data(), 3, dtype::f32, reduce_op::sum, streams.collective_on(stream_role::compute));
     backend_.copy(msg, dev.data(), sizeof msg, streams.on(stream_role::compute));
     backend_.synchronize(streams.on(stream_role::compute));
     const double sum = double(msg[0]) + double(msg[1]);
     return {sum, msg[2] > 0.0f || !std::isfinite(sum)};
+  }
+
+  // Scratch for the engine's own compute work, allocated in the compute stream's order (the
+  // training stack's stream when it brought one), so that work on it may use it at once.
+  buffer<Backend> scratch(dtype t, std::size_t n) {
+    return buffer<Backend>(backend_, t, n, mem_category::scratch, store_.streams().on(stream_role::compute));
   }
 
   // The optimizer (or initialisation) wrote the working shards on compute: later gathers read

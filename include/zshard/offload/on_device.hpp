@@ -23,10 +23,10 @@ class on_device_impl {
       if (!slot.spec->trainable) continue;
       const std::size_t n = slot.layout.shard_numel;
       auto& st = state_[p];
-      st.master = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state);
-      st.m = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state);
-      st.v = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state);
-      st.grad = buffer<Backend>(b, dtype::f32, n, mem_category::grad_shards);
+      st.master = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state, compute());
+      st.m = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state, compute());
+      st.v = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state, compute());
+      st.grad = buffer<Backend>(b, dtype::f32, n, mem_category::grad_shards, compute());
       b.fill_zero(st.m.data(), st.m.bytes(), compute());
       b.fill_zero(st.v.data(), st.v.bytes(), compute());
       b.fill_zero(st.grad.data(), st.grad.bytes(), compute());

@@ -97,7 +97,8 @@ class param_store {
       s.spec = &spec.params()[p];
       s.layout = layouts[p];
       s.type = s.spec->type.value_or(default_type);
-      s.shard = buffer<Backend>(backend, s.type, s.layout.shard_numel, mem_category::sharded_params);
+      s.shard = buffer<Backend>(backend, s.type, s.layout.shard_numel, mem_category::sharded_params,
+                                streams_.on(stream_role::compute));
       if (s.layout.replicated) s.state_ = param_state::gathered;
     }
     gathered_set_.reserve(slots_.size());

@@ -1,0 +1,178 @@
+// Policies written wrong in each way a user can, one per ZSHARD_BAD_CASE value. Each case must
+// fail to compile with zshard's own message for that mistake (tests/CMakeLists.txt compiles
+// every case with -fsyntax-only and matches the message), never only with template noise such
+// as "no class template named impl". Case 0 is the control: it must compile.
+#include "zshard/backend/host_backend.hpp"
+#include "zshard/comm/thread_comm.hpp"
+#include "zshard/engine/engine.hpp"
+
+#ifndef ZSHARD_BAD_CASE
+#define ZSHARD_BAD_CASE 0
+#endif
+
+namespace bad {
+
+using namespace zshard;
+
+// Right: every policy of this file starts from one of these and breaks one thing.
+struct good_partitioner {
+  using zshard_tag = partitioner_tag;
+  template <class Backend, class Comm>
+  using impl = good_partitioner;
+  shard_layout layout(std::size_t n, int, const partition_config&) const {
+    return {.numel = n, .shard_numel = n, .padded_numel = n, .replicated = true};
+  }
+};
+
+struct untagged_partitioner {  // 1: missing tag
+  template <class Backend, class Comm>
+  using impl = untagged_partitioner;
+  shard_layout layout(std::size_t, int, const partition_config&) const { return {}; }
+};
+struct implless_partitioner {  // 2: missing impl
+  using zshard_tag = partitioner_tag;
+  shard_layout layout(std::size_t, int, const partition_config&) const { return {}; }
+};
+struct misshapen_partitioner {  // 3: wrong signature
+  using zshard_tag = partitioner_tag;
+  template <class Backend, class Comm>
+  using impl = misshapen_partitioner;
+  shard_layout layout(std::size_t, int) const { return {}; }
+};
+struct derived_partitioner : good_partitioner {};  // 4: inherits the base's self-naming impl
+
+struct untagged_prefetcher : prefetch::on_demand {  // 5
+  using zshard_tag = void;
+};
+struct implless_prefetcher {  // 6
+  using zshard_tag = prefetcher_tag;
+};
+struct misshapen_prefetcher {  // 7: the pre-house reset(spec, layouts, engine_config)
+  using zshard_tag = prefetcher_tag;
+  template <class Backend, class Comm>
+  using impl = misshapen_prefetcher;
+  void reset(const model_spec&, const std::vector<shard_layout>&, const engine_config&) {}
+  void on_scope_enter(module_id, use_kind, std::vector<param_id>&) {}
+  bool keep_after_scope(param_id) const { return false; }
+  void on_step() {}
+};
+
+struct untagged_reducer {  // 8
+  template <class Backend, class Comm>
+  using impl = reduce::bucketed_reducer<Backend, Comm>;
+};
+struct implless_reducer {  // 9
+  using zshard_tag = reducer_tag;
+};
+template <class Backend, class Comm>
+struct reducer_without_flush {  // 10
+  reducer_without_flush(param_store<Backend>&, Comm&, const reduce_config&) {}
+  template <class Sink>
+  void grad_ready(param_id, Sink&) {}
+  std::size_t pending_numel() const { return 0; }
+};
+struct misshapen_reducer {
+  using zshard_tag = reducer_tag;
+  template <class Backend, class Comm>
+  using impl = reducer_without_flush<Backend, Comm>;
+};
+
+struct untagged_offloader {  // 11
+  template <class Backend, class Comm>
+  using impl = offload::on_device_impl<Backend, Comm>;
+};
+struct implless_offloader {  // 12
+  using zshard_tag = offloader_tag;
+};
+template <class Backend, class Comm>
+struct offloader_with_old_constructor : offload::on_device_impl<Backend, Comm> {  // 13
+  offloader_with_old_constructor(param_store<Backend>& s, Comm& c, const engine_config& cfg)
+      : offload::on_device_impl<Backend, Comm>(s, c, cfg.adamw, cfg.offload) {}
+};
+struct misshapen_offloader {
+  using zshard_tag = offloader_tag;
+  template <class Backend, class Comm>
+  using impl = offloader_with_old_constructor<Backend, Comm>;
+};
+
+struct untagged_tracker : track::use_counter {  // 14
+  using zshard_tag = int;
+  template <class Backend, class Comm>
+  using impl = untagged_tracker;
+};
+struct implless_tracker {  // 15
+  using zshard_tag = hook_tracker_tag;
+};
+struct misshapen_tracker : track::use_counter {  // 16: on_forward must say whether it counted
+  template <class Backend, class Comm>
+  using impl = misshapen_tracker;
+  void on_forward(module_id, use_kind) {}
+};
+
+struct not_a_backend {};                        // 17
+struct not_a_comm {};                           // 18
+struct not_policies {};                         // 19
+
+#define ZSHARD_POLICIES(member, type) \
+  struct policies : default_policies { using member = type; }
+
+#if ZSHARD_BAD_CASE == 0
+ZSHARD_POLICIES(partitioner, good_partitioner);
+#elif ZSHARD_BAD_CASE == 1
+ZSHARD_POLICIES(partitioner, untagged_partitioner);
+#elif ZSHARD_BAD_CASE == 2
+ZSHARD_POLICIES(partitioner, implless_partitioner);
+#elif ZSHARD_BAD_CASE == 3
+ZSHARD_POLICIES(partitioner, misshapen_partitioner);
+#elif ZSHARD_BAD_CASE == 4
+ZSHARD_POLICIES(partitioner, derived_partitioner);
+#elif ZSHARD_BAD_CASE == 5
+ZSHARD_POLICIES(prefetcher, untagged_prefetcher);
+#elif ZSHARD_BAD_CASE == 6
+ZSHARD_POLICIES(prefetcher, implless_prefetcher);
+#elif ZSHARD_BAD_CASE == 7
+ZSHARD_POLICIES(prefetcher, misshapen_prefetcher);
+#elif ZSHARD_BAD_CASE == 8
+ZSHARD_POLICIES(reducer, untagged_reducer);
+#elif ZSHARD_BAD_CASE == 9
+ZSHARD_POLICIES(reducer, implless_reducer);
+#elif ZSHARD_BAD_CASE == 10
+ZSHARD_POLICIES(reducer, misshapen_reducer);
+#elif ZSHARD_BAD_CASE == 11
+ZSHARD_POLICIES(offloader, untagged_offloader);
+#elif ZSHARD_BAD_CASE == 12
+ZSHARD_POLICIES(offloader, implless_offloader);
+#elif ZSHARD_BAD_CASE == 13
+ZSHARD_POLICIES(offloader, misshapen_offloader);
+#elif ZSHARD_BAD_CASE == 14
+ZSHARD_POLICIES(hook_tracker, untagged_tracker);
+#elif ZSHARD_BAD_CASE == 15
+ZSHARD_POLICIES(hook_tracker, implless_tracker);
+#elif ZSHARD_BAD_CASE == 16
+ZSHARD_POLICIES(hook_tracker, misshapen_tracker);
+#else
+using policies = default_policies;
+#endif
+
+#if ZSHARD_BAD_CASE == 17
+using backend_type = not_a_backend;
+#else
+using backend_type = host_backend;
+#endif
+#if ZSHARD_BAD_CASE == 18
+using comm_type = not_a_comm;
+#else
+using comm_type = thread_comm;
+#endif
+#if ZSHARD_BAD_CASE == 19
+using policies_type = not_policies;
+#else
+using policies_type = policies;
+#endif
+
+// Naming the class's size instantiates it, and with it the engine's checks.
+inline constexpr std::size_t engine_size = sizeof(engine<backend_type, comm_type, policies_type>);
+
+}  // namespace bad
+
+int main() { return bad::engine_size > 0 ? 0 : 1; }
