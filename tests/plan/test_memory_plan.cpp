@@ -93,12 +93,12 @@ TEST_CASE("plan: closed-form terms of a one-module model") {
   // Backward entry: gathered + full gradient + activations, on top of the constant terms; the
   // gradient waits in the (default, large) bucket until end_backward.
   CHECK(plan.device.total_peak == 16 + 48 + 16 + 48 + 48 + 100);
-  CHECK(plan.device.peak_phase == "backward of m");
+  CHECK(plan.device.peak_phase == "step 1: backward of m");
   // A bucket it fills is reduced as the scope closes: the reduce output joins the peak.
   cfg.reduce.reduce_bucket_numel = 12;
   const memory_plan flushing = plan_memory(spec, cfg, 3, schedule);
   CHECK(flushing.device.total_peak == 16 + 48 + 16 + 48 + 48 + 16 + 100);
-  CHECK(flushing.device.peak_phase == "backward of m: reduce-scatter of w");
+  CHECK(flushing.device.peak_phase == "step 1: closing backward of m: reduce-scatter of w");
   CHECK(plan.max_gathered_numel == 12);
   CHECK(plan.host.total_peak == 0);
 
@@ -123,9 +123,16 @@ TEST_CASE("plan: configurations the engine refuses are refused") {
     CHECK(e.kind() == error_kind::config);
     CHECK(std::string(e.what()).find("allow_oversized_module") != std::string::npos);
   }
-  step_schedule twice = schedule;
-  twice.modules.push_back(twice.modules.front());
-  CHECK_THROWS_AS(plan_memory(model.spec, engine_config{}, 2, twice), error);
+  // A backward without a counted forward: refused with the HookTracker's own words.
+  step_program orphan = to_program(schedule);
+  orphan.events.erase(orphan.events.begin(), orphan.events.begin() + 2);  // embed's forward scope
+  try {
+    plan_memory(model.spec, engine_config{}, 2, orphan);
+    FAIL("expected a usage error");
+  } catch (const error& e) {
+    CHECK(e.kind() == error_kind::usage);
+    CHECK(std::string(e.what()).find("no counted forward pending") != std::string::npos);
+  }
 }
 
 TEST_CASE("plan: the Llama shapes have their published parameter counts") {

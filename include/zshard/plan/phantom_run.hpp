@@ -1,5 +1,5 @@
 #pragma once
-// Runs a step schedule on the real engine over the phantom backend and a null communicator:
+// Runs a training schedule (plan/schedule.hpp) on the real engine over the phantom backend and a null communicator:
 // one engine simulates rank 0 of a virtual world (every rank is the same under the even
 // partitioner), every allocation is accounted and none is made, so a 70B-parameter step
 // takes milliseconds. The result is what a real run's ledgers would read, step by step: the
@@ -13,6 +13,7 @@
 #include "zshard/backend/phantom_backend.hpp"
 #include "zshard/comm/null_comm.hpp"
 #include "zshard/engine/engine.hpp"
+#include "zshard/plan/schedule.hpp"
 #include "zshard/plan/step_schedule.hpp"
 
 namespace zshard::plan {
@@ -24,6 +25,9 @@ struct phantom_result {
   // The offloader's state ledger when it is not the device's (host_adam): its whole-run peaks.
   std::optional<memory_ledger> host;
   std::uint64_t bytes_sent_per_step = 0;  // by rank 0's collectives, ring schedule (null_comm)
+  // Forward scopes of the last step that opened with parameters resident beyond those of the
+  // open scopes: gathered ahead (or kept) by the Prefetcher.
+  std::size_t scopes_with_gathers_ahead = 0;
 
   // The device ledger's peak over all steps.
   std::size_t peak() const noexcept {
@@ -46,11 +50,52 @@ struct phantom_result {
   }
 };
 
-// `steps` optimizer steps of `schedule` on rank 0 of `world` virtual ranks. A device budget
-// turns an overshoot into the engine's error_kind::budget error, thrown from here.
+namespace detail {
+
+// Counts forward scopes that open with more elements resident than the open scopes use: the
+// Prefetcher gathered ahead (or kept) something. Forward scopes only: during backward the
+// HookTracker holds recomputed modules, which is not prefetch.
+struct ahead_counter {
+  std::size_t* count;
+  std::vector<module_id> open{};
+  std::vector<std::size_t> stamp{};
+  std::size_t tick = 0;
+
+  template <class Engine>
+  void operator()(Engine& eng, const schedule_event& e) {
+    if (e.kind == event_kind::close) {
+      for (std::size_t i = open.size(); i-- > 0;)
+        if (open[i] == e.module) {
+          open.erase(open.begin() + std::ptrdiff_t(i));
+          break;
+        }
+      return;
+    }
+    if (e.kind != event_kind::open) return;
+    open.push_back(e.module);
+    if (e.scope != scope_kind::forward) return;
+    stamp.resize(eng.spec().params().size(), 0);
+    ++tick;
+    std::size_t own = 0;
+    for (module_id m : open)
+      for (param_id p : eng.spec().module(m).params)
+        if (stamp[p] != tick && !eng.layout(p).replicated) {
+          stamp[p] = tick;
+          own += eng.layout(p).padded_numel;
+        }
+    if (eng.resident_numel() > own) ++*count;
+  }
+};
+
+}  // namespace detail
+
+// `steps` optimizer steps of `schedule` (its cycle of step programs, in order) on rank 0 of
+// `world` virtual ranks. A device budget turns an overshoot into the engine's
+// error_kind::budget error, thrown from here.
 template <class Policies = default_policies>
-phantom_result run_phantom(const model_spec& spec, const engine_config& cfg, int world, const step_schedule& schedule,
-                           int steps, std::optional<std::size_t> device_budget = std::nullopt) {
+phantom_result run_phantom(const model_spec& spec, const engine_config& cfg, int world,
+                           const training_schedule& schedule, int steps,
+                           std::optional<std::size_t> device_budget = std::nullopt) {
   ZSHARD_REQUIRE(steps >= 1, error_kind::config, "run_phantom needs at least one step");
   schedule.validate(spec);
   phantom_backend backend(device_budget, "phantom rank 0");
@@ -61,12 +106,21 @@ phantom_result run_phantom(const model_spec& spec, const engine_config& cfg, int
   for (int s = 0; s < steps; ++s) {
     backend.ledger().reset_peaks();
     const std::uint64_t sent = comm.total_bytes_sent();
-    r.reports.push_back(run_step(eng, schedule));
+    const step_program& prog = schedule.cycle[std::size_t(s) % schedule.cycle.size()];
+    r.scopes_with_gathers_ahead = 0;
+    r.reports.push_back(run_program(eng, prog, detail::ahead_counter{&r.scopes_with_gathers_ahead}));
     r.bytes_sent_per_step = comm.total_bytes_sent() - sent;
     r.steps.push_back(backend.ledger());
   }
   if (&eng.offloader().state_ledger() != &backend.ledger()) r.host = eng.offloader().state_ledger();
   return r;
+}
+
+template <class Policies = default_policies>
+phantom_result run_phantom(const model_spec& spec, const engine_config& cfg, int world, const step_schedule& schedule,
+                           int steps, std::optional<std::size_t> device_budget = std::nullopt) {
+  schedule.validate(spec);
+  return run_phantom<Policies>(spec, cfg, world, training_schedule{{to_program(schedule)}}, steps, device_budget);
 }
 
 }  // namespace zshard::plan

@@ -1,10 +1,12 @@
 #pragma once
-// The schedule of one training step of a sequential model, as the memory planner
-// (plan/memory_plan.hpp) predicts it and as run_micro_batch() below drives a real engine
-// through it: modules forwarded in order, backward in reverse, checkpointed modules re-run
-// (engine.recompute) right before their backward, and the activation bytes the training
-// stack holds reported to the engine at fixed points. Planner and run share this one
-// description, so what is compared is the same program.
+// The schedule of one training step of a sequential model, the simplest case of the schedule
+// language (plan/schedule.hpp; to_program() below turns it into a step program): modules
+// forwarded in order, backward in reverse, checkpointed modules re-run (engine.recompute)
+// right before their backward, and the activation bytes the training stack holds reported to
+// the engine at fixed points. run_micro_batch() drives a real engine through exactly the calls
+// of to_program(), so that a plan and a run compare the same program. For segments of several
+// modules recomputed together, nesting, no-grad passes and the rest, use
+// plan/schedule_builder.hpp.
 //
 // Activation protocol (run_micro_batch; the planner assumes exactly this):
 //   forward:   inside m's forward scope, activations += kept_bytes(m)
@@ -20,6 +22,7 @@
 #include "zshard/core/error.hpp"
 #include "zshard/engine/step_report.hpp"
 #include "zshard/model/model_spec.hpp"
+#include "zshard/plan/schedule_builder.hpp"
 
 namespace zshard::plan {
 
@@ -31,21 +34,16 @@ struct module_step {
 };
 
 struct step_schedule {
-  std::vector<module_step> modules;  // forward order; backward runs in reverse
+  std::vector<module_step> modules;  // forward order; backward runs in reverse; a module may appear several times
   int micro_batches = 1;             // backward passes accumulated per optimizer step
 
   void validate(const model_spec& spec) const {
     ZSHARD_REQUIRE(!modules.empty(), error_kind::config, "the step schedule runs no module");
     ZSHARD_REQUIRE(micro_batches >= 1, error_kind::config,
                    "micro_batches must be at least 1, got " + std::to_string(micro_batches));
-    std::vector<bool> seen(spec.modules().size(), false);
     for (const auto& s : modules) {
       ZSHARD_REQUIRE(s.module < spec.modules().size(), error_kind::config,
                      "the step schedule names module id " + std::to_string(s.module) + " which does not exist");
-      ZSHARD_REQUIRE(!seen[s.module], error_kind::config,
-                     "the step schedule runs module '" + spec.module(s.module).name + "' twice",
-                     "a module used several times per step is not a sequential schedule; plan it by hand");
-      seen[s.module] = true;
       ZSHARD_REQUIRE(s.recomputed || s.recompute_bytes == 0, error_kind::config,
                      "module '" + spec.module(s.module).name + "' has recompute_bytes but is not recomputed");
     }
@@ -58,6 +56,15 @@ struct step_schedule {
     return n;
   }
 };
+
+// The same step as a step program: each module a segment of its own.
+inline step_program to_program(const step_schedule& schedule) {
+  std::vector<segment> segments;
+  segments.reserve(schedule.modules.size());
+  for (const auto& s : schedule.modules)
+    segments.push_back({{s.module}, s.kept_bytes, s.recompute_bytes, s.recomputed, std::nullopt});
+  return training_step(segments, schedule.micro_batches);
+}
 
 // One micro-batch through the engine's scopes with the activation protocol above. No math:
 // the model's compute would sit inside the scopes.

@@ -1,0 +1,57 @@
+#pragma once
+// What a memory plan says (plan/memory_plan.hpp computes it): per ledger, a peak per
+// category, the total peak, the categories at that moment and where it happened; for the
+// device, also the terms a GPU adds that the ledger does not see (plan/device_overheads.hpp).
+#include <array>
+#include <cstddef>
+#include <string>
+
+#include "zshard/core/memory_ledger.hpp"
+#include "zshard/plan/device_overheads.hpp"
+
+namespace zshard::plan {
+
+enum class optimizer_location { device, host };   // offload::on_device / offload::host_adam
+enum class prefetch_policy { on_demand, trace };  // prefetch::on_demand / prefetch::trace (default)
+
+struct plan_options {
+  optimizer_location optimizer = optimizer_location::device;
+  prefetch_policy prefetcher = prefetch_policy::trace;
+  // host_adam's staging (offload_config::host_staging_numel) when the backend's memory is not
+  // host memory (CUDA); 0 for the host and phantom backends, which stage nothing.
+  std::size_t host_staging_numel = 0;
+  // The engine's construction on a backend that holds storage (initial values staged as f32,
+  // the cross-rank model check). A phantom backend skips it; leaving it on only adds a small
+  // scratch figure that the reductions usually exceed anyway.
+  bool initialization = true;
+  // What the device holds beyond the ledger (CUDA context, NCCL, pool, workspaces); none for
+  // the host and phantom backends, device_overheads::cuda_defaults() for a GPU.
+  device_overheads overheads = device_overheads::none();
+};
+
+// One ledger's predicted peaks, laid out like memory_ledger's.
+struct ledger_plan {
+  std::string name;
+  std::array<std::size_t, mem_category_count> peak{};           // per category, each at its own time
+  std::array<std::size_t, mem_category_count> at_total_peak{};  // per category when the total peaked
+  std::size_t total_peak = 0;
+  std::string peak_phase;  // where the total peaked, e.g. "step 2, backward of head: reduce-scatter of head.weight"
+
+  std::size_t peak_of(mem_category c) const noexcept { return peak[static_cast<std::size_t>(c)]; }
+  std::size_t at_peak_of(mem_category c) const noexcept { return at_total_peak[static_cast<std::size_t>(c)]; }
+};
+
+struct memory_plan {
+  int world = 1;
+  ledger_plan device;                  // the backend's ledger
+  ledger_plan host;                    // host_adam's ledger (offloaded state); empty with the optimizer on device
+  std::size_t max_gathered_numel = 0;  // resident gathered elements at most (the I5 figure)
+  device_overheads overheads;          // as planned with (plan_options::overheads)
+  int steps_simulated = 0;             // optimizer steps walked until the schedule's state repeats
+
+  // The device's total: the ledger's peak plus what the GPU adds beside it.
+  std::size_t device_total() const noexcept { return device.total_peak + overheads.total(device.total_peak); }
+  bool fits(std::size_t device_bytes) const noexcept { return device_total() <= device_bytes; }
+};
+
+}  // namespace zshard::plan
