@@ -2,7 +2,7 @@
 // recomputes, never resets) a checkpointed chain keeps every block gathered through backward;
 // with the default tracker at most one block is gathered at a time.
 #include "graph_harness.hpp"
-#include "zshard/testing/legacy_tracker.hpp"
+#include "../support/legacy/legacy_tracker.hpp"
 
 using namespace graph_test;
 
@@ -73,9 +73,9 @@ TEST_CASE("default tracker: one block gathered at a time under checkpointing, fl
 TEST_CASE("legacy tracker: every block stays gathered through backward") {
   const std::size_t padded = padded_count(block_numel, 2);
   // unlimited budget: the resident set grows to the whole chain
-  const auto peaks = run_chain<testing::legacy_tracker>(2, padded * blocks, 2);
+  const auto peaks = run_chain<legacy::tracker>(2, padded * blocks, 2);
   for (std::size_t p : peaks) CHECK(p == blocks * padded * sizeof(float));
   // a budget of two blocks: the leak breaks it, as a budget error naming max_live_numel
-  CHECK_THROWS_WITH_AS(run_chain<testing::legacy_tracker>(2, 2 * padded, 2), doctest::Contains("max_live_numel"),
+  CHECK_THROWS_WITH_AS(run_chain<legacy::tracker>(2, 2 * padded, 2), doctest::Contains("max_live_numel"),
                        error);
 }

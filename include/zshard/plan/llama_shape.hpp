@@ -79,7 +79,8 @@ struct transformer_model {
   transformer_shape shape;
   model_spec spec;
   module_id embed = 0, head = 0;
-  std::vector<module_id> blocks;
+  std::vector<module_id> blocks;                    // one module per block (build_transformer)
+  std::vector<std::vector<module_id>> block_parts;  // a block's modules in order (build_transformer_hooks)
 };
 
 // Modules in execution order: "embed" [vocab, hidden]; "block<i>" with attn_norm [h], q [h, h],
@@ -106,6 +107,40 @@ inline transformer_model build_transformer(const transformer_shape& shape) {
     ps.push_back(m.spec.add_param(b + ".up", {h, f}));
     ps.push_back(m.spec.add_param(b + ".down", {f, h}));
     m.blocks.push_back(m.spec.add_module(b, std::move(ps)));
+  }
+  const param_id norm = m.spec.add_param("head.norm", {h}, no_decay);
+  const param_id out = shape.tied_embeddings ? embed_w : m.spec.add_param("head.weight", {h, shape.vocab});
+  m.head = m.spec.add_module("head", {norm, out});
+  return m;
+}
+
+// The same shapes at the granularity of DeepSpeed's module hooks, as PyTorch users train them:
+// every block is nine modules, "block<i>.attn_norm", ".q", ".k", ".v", ".o", ".mlp_norm",
+// ".gate", ".up", ".down", each with its one parameter (named as in build_transformer), so
+// the Prefetcher sees the small K and V projections it can gather ahead of their use.
+inline transformer_model build_transformer_hooks(const transformer_shape& shape) {
+  shape.validate();
+  transformer_model m{shape, {}, 0, 0, {}, {}};
+  const std::int64_t h = shape.hidden, kv = shape.kv_dim(), f = shape.intermediate;
+  const param_options no_decay{.type = std::nullopt, .trainable = true, .decay = false, .init = {}};
+  const param_id embed_w = m.spec.add_param("embed.weight", {shape.vocab, h});
+  m.embed = m.spec.add_module("embed", {embed_w});
+  for (int l = 0; l < shape.layers; ++l) {
+    const std::string b = "block" + std::to_string(l);
+    std::vector<module_id> parts;
+    auto part = [&](const char* name, zshard::shape s, param_options o = {}) {
+      parts.push_back(m.spec.add_module(b + "." + name, {m.spec.add_param(b + "." + name, s, std::move(o))}));
+    };
+    part("attn_norm", {h}, no_decay);
+    part("q", {h, h});
+    part("k", {h, kv});
+    part("v", {h, kv});
+    part("o", {h, h});
+    part("mlp_norm", {h}, no_decay);
+    part("gate", {h, f});
+    part("up", {h, f});
+    part("down", {f, h});
+    m.block_parts.push_back(std::move(parts));
   }
   const param_id norm = m.spec.add_param("head.norm", {h}, no_decay);
   const param_id out = shape.tied_embeddings ? embed_w : m.spec.add_param("head.weight", {h, shape.vocab});
@@ -145,6 +180,28 @@ inline step_schedule transformer_schedule(const transformer_model& m, const acti
   }
   s.modules.push_back({m.head, 2 * hidden_act + tokens * std::size_t(m.shape.vocab) * 4, 0, false});
   return s;
+}
+
+// The step of a model from build_transformer_hooks, same activation model: each block a
+// segment of its nine modules, checkpointed as a whole (recomputed together before its
+// backward, as DeepSpeed's activation checkpointing does per block).
+inline step_program transformer_hook_program(const transformer_model& m, const activation_options& o) {
+  ZSHARD_REQUIRE(o.micro_batch >= 1 && o.seq_len >= 1, error_kind::config,
+                 "micro-batch and sequence length must be positive");
+  ZSHARD_REQUIRE(!m.block_parts.empty(), error_kind::config,
+                 "transformer_hook_program needs a model from build_transformer_hooks");
+  const std::size_t tokens = std::size_t(o.seq_len) * std::size_t(o.micro_batch);
+  const std::size_t hidden_act = tokens * std::size_t(m.shape.hidden) * size_of(o.activation_type);
+  const std::size_t layer = layer_activation_bytes(m.shape, o);
+  std::vector<segment> segs{{{m.embed}, tokens * 4, 0, false, std::nullopt}};
+  for (const auto& parts : m.block_parts) {
+    if (o.checkpoint)
+      segs.push_back({parts, hidden_act, layer - hidden_act, true, std::nullopt});
+    else
+      segs.push_back({parts, layer, 0, false, std::nullopt});
+  }
+  segs.push_back({{m.head}, 2 * hidden_act + tokens * std::size_t(m.shape.vocab) * 4, 0, false, std::nullopt});
+  return training_step(segs, o.micro_batches);
 }
 
 }  // namespace zshard::plan

@@ -21,7 +21,9 @@ class use_counter {
     module_pending_.assign(spec.modules().size(), 0);
     awaiting_backward_.assign(spec.modules().size(), false);
     param_pending_.assign(spec.params().size(), 0);
+    max_pending_.assign(spec.modules().size(), 0);
     phase_ = step_phase::forward;
+    depth_ = max_depth_ = 0;
   }
 
   bool on_forward(module_id m, use_kind kind) {
@@ -36,7 +38,7 @@ class use_counter {
     ZSHARD_REQUIRE(
         phase_ == step_phase::forward, error_kind::usage, "counted forward of module '" + name(m) + "' during backward",
         "use recompute() for a checkpointed block, or forward(m, use_kind::no_grad) for a pass without backward");
-    ++module_pending_[m];
+    max_pending_[m] = std::max(max_pending_[m], ++module_pending_[m]);
     for (param_id p : spec_->module(m).params)
       if (spec_->param(p).trainable) ++param_pending_[p];
     return true;
@@ -55,10 +57,12 @@ class use_counter {
                    "backward of module '" + name(m) + "' which has no counted forward pending",
                    "each backward(m) must match an earlier counted forward(m) of this micro-batch");
     awaiting_backward_[m] = false;
+    max_depth_ = std::max(max_depth_, ++depth_);
   }
 
   void on_backward_done(module_id m, std::vector<param_id>& completed) {
     --module_pending_[m];
+    --depth_;
     for (param_id p : spec_->module(m).params) {
       if (!spec_->param(p).trainable) continue;
       ZSHARD_REQUIRE(param_pending_[p] > 0, error_kind::invariant,
@@ -75,6 +79,7 @@ class use_counter {
       module_pending_[m] = 0;
     }
     awaiting_backward_.assign(awaiting_backward_.size(), false);
+    depth_ = 0;
     for (param_id p = 0; p < param_pending_.size(); ++p) {
       if (param_pending_[p] == 0) continue;
       param_pending_[p] = 0;
@@ -101,6 +106,11 @@ class use_counter {
   step_phase phase() const noexcept { return phase_; }
   std::int64_t pending_uses(module_id m) const noexcept { return module_pending_[m]; }
   std::int64_t pending_grads(param_id p) const noexcept { return param_pending_[p]; }
+  // Since reset(): the most counted uses of m pending at once (2 or more: m's gradients wait
+  // for a later backward), and the deepest nesting of backward scopes. The memory bound check
+  // (testing/invariants.hpp) reads them.
+  std::int64_t max_pending_uses(module_id m) const noexcept { return max_pending_[m]; }
+  int max_backward_depth() const noexcept { return max_depth_; }
 
  private:
   std::string name(module_id m) const { return spec_->module(m).name; }
@@ -109,7 +119,9 @@ class use_counter {
   std::vector<std::int64_t> module_pending_;
   std::vector<std::int64_t> param_pending_;
   std::vector<bool> awaiting_backward_;  // recomputed, its backward not yet entered
+  std::vector<std::int64_t> max_pending_;
   step_phase phase_ = step_phase::forward;
+  int depth_ = 0, max_depth_ = 0;  // backward scopes open now, and at most
 };
 
 static_assert(check_hook_tracker<use_counter>());

@@ -5,18 +5,21 @@
 // activation checkpointing no module's counter returns to zero, so every module is held
 // gathered through backward and the resident parameters grow until the budget breaks.
 //
-// Test-only: it exists so tests and bench/seed_70b can show, by a compile-time policy swap,
+// Test-only (tests/support/legacy/, outside the public include tree, with the two other legacy
+// mechanisms): it exists so tests and bench/seed_70b can show, by a compile-time policy swap,
 // that the same run leaks with it and stays flat with the default. Never use it to train.
 #include <vector>
 
 #include "zshard/track/use_counter.hpp"
 
-namespace zshard::testing {
+namespace legacy {
 
-class legacy_tracker : public track::use_counter {
+using namespace zshard;
+
+class tracker : public track::use_counter {
  public:
   template <class Backend, class Comm>
-  using impl = legacy_tracker;  // not the base's: a derived policy names itself again
+  using impl = tracker;  // not the base's: a derived policy names itself again
   void reset(const model_spec& spec) {
     use_counter::reset(spec);
     drifting_.assign(spec.modules().size(), 0);
@@ -43,6 +46,6 @@ class legacy_tracker : public track::use_counter {
   std::vector<std::int64_t> drifting_;  // never reset between steps: the second bug
 };
 
-static_assert(check_hook_tracker<legacy_tracker>());
+static_assert(check_hook_tracker<tracker>());
 
-}  // namespace zshard::testing
+}  // namespace legacy
