@@ -1,7 +1,10 @@
-// zshard_plan: each rank's peak memory for a Llama shape under zshard, by ledger category,
-// before anything runs (plan/memory_plan.hpp). Defaults are the seed scenario
-// (plan/seed_scenario.hpp); every setting can be changed on the command line, and
-// --simulate runs the real engine on the phantom backend beside the plan.
+// zshard_plan: each rank's peak memory under zshard, by ledger category, before anything runs
+// (plan/memory_plan.hpp), for a Llama shape or for any model and training schedule in a
+// schedule file (plan/schedule_file.hpp, docs/schedule_format.md; written by hand or recorded
+// from a step function). Defaults are the seed scenario (plan/seed_scenario.hpp); every
+// setting can be changed on the command line, --simulate runs the real engine on the phantom
+// backend beside the plan, and the GPU's own terms (CUDA context, NCCL, pool, workspaces)
+// count in whether it fits.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,8 +14,12 @@
 #include <string>
 #include <vector>
 
+#include <fstream>
+
+#include "zshard/plan/memory_plan.hpp"
 #include "zshard/plan/phantom_run.hpp"
 #include "zshard/plan/plan_table.hpp"
+#include "zshard/plan/schedule_file.hpp"
 #include "zshard/plan/seed_scenario.hpp"
 #include "zshard/prefetch/on_demand.hpp"
 
@@ -22,11 +29,18 @@ using namespace zshard::plan;
 namespace {
 
 constexpr const char* usage_text = R"(usage: zshard_plan [options]
+       zshard_plan --schedule FILE [options]
 
-Plans each rank's peak memory for training a Llama shape with zshard (ZeRO-3), by ledger
-category, for the device and (optimizer offloaded) the host. Defaults: the seed scenario.
+Plans each rank's peak memory for training with zshard (ZeRO-3), by ledger category, for the
+device and (optimizer offloaded) the host: a Llama shape (defaults: the seed scenario), or the
+model and training schedule of a schedule file (docs/schedule_format.md: written by hand, or
+recorded from your own step function with zshard::plan::record_schedule and written with
+write_schedule_file; the file's settings are the defaults, options below override them).
 
+  --schedule FILE       plan the model and schedule in FILE instead of a Llama shape
   --model NAME          llama3-8b | llama3-70b                     (default llama3-70b)
+  --hooks on|off        modules at DeepSpeed's hook granularity (projections and norms),
+                        each block a checkpointed segment; off: one module per block (default on)
   --world N             data-parallel ranks                        (default 8)
   --device-gib G        device memory per rank: says whether the plan fits
   --micro-batch B       sequences per micro-batch                  (default 1)
@@ -41,8 +55,13 @@ category, for the device and (optimizer offloaded) the host. Defaults: the seed 
   --prefetcher trace|on-demand                                     (default trace)
   --allow-oversized on|off  a module above --max-live may run alone (default on; the
                         engine's default is off: 70B's embedding and head need it)
-  --simulate            also run the engine on the phantom backend (2 steps) and print
-                        the run's peaks beside the plan
+  --gpu on|off          add the GPU's own terms to the device total (default on):
+  --context-mib N       CUDA context                               (default 512)
+  --nccl-mib N          NCCL buffers per communicator              (default 512)
+  --workspace-mib N     cuBLAS/cuDNN/attention workspaces          (default 256)
+  --fragmentation F     pool reserve beyond the peak, a fraction   (default 0.05)
+  --simulate            also run the engine on the phantom backend and print the run's
+                        peaks beside the plan
   --help                this text
 
 Counts take integers or scientific notation (5e8). Exit status: 0 done, 1 the engine would
@@ -54,6 +73,10 @@ struct usage_error : std::runtime_error {
 };
 
 struct options {
+  std::optional<std::string> schedule_path;
+  std::vector<std::pair<std::string, std::string>> overrides;  // settings applied over a schedule file's
+  bool hooks = true;
+  device_overheads gpu = device_overheads::cuda_defaults();
   transformer_shape shape = llama3_70b();
   int world = 8;
   std::optional<double> device_gib;
@@ -102,11 +125,28 @@ options parse(const std::vector<std::string>& args) {
     if (a.rfind("--", 0) != 0) throw usage_error("unexpected argument '" + a + "'");
     if (i + 1 >= args.size()) throw usage_error(a + " needs a value");
     const std::string& v = args[++i];
-    if (a == "--model") {
+    if (a == "--schedule") {
+      o.schedule_path = v;
+    } else if (a == "--hooks") {
+      o.hooks = on_off(a, v);
+    } else if (a == "--gpu") {
+      if (!on_off(a, v)) o.gpu = device_overheads::none();
+    } else if (a == "--context-mib") {
+      o.gpu.cuda_context_bytes = count(a, v) << 20;
+    } else if (a == "--nccl-mib") {
+      o.gpu.nccl_bytes_per_communicator = count(a, v) << 20;
+    } else if (a == "--workspace-mib") {
+      o.gpu.workspace_bytes = count(a, v) << 20;
+    } else if (a == "--fragmentation") {
+      const double f = number(a, v);
+      if (f < 0 || f > 10) throw usage_error("--fragmentation takes a fraction between 0 and 10");
+      o.gpu.fragmentation = f;
+    } else if (a == "--model") {
       auto s = transformer_shape_named(v);
       if (!s) throw usage_error("unknown model '" + v + "' (known: llama3-8b, llama3-70b)");
       o.shape = *s;
     } else if (a == "--world") {
+      o.overrides.emplace_back(a, v);
       const std::size_t n = count(a, v);
       if (n > 1'000'000) throw usage_error("--world " + v + " is not a plausible number of ranks");
       o.world = int(n);
@@ -125,26 +165,32 @@ options parse(const std::vector<std::string>& args) {
     } else if (a == "--checkpoint") {
       o.act.checkpoint = on_off(a, v);
     } else if (a == "--optimizer") {
+      o.overrides.emplace_back(a, v);
       if (v == "device") o.optimizer = optimizer_location::device;
       else if (v == "host") o.optimizer = optimizer_location::host;
       else throw usage_error("--optimizer takes device or host, not '" + v + "'");
     } else if (a == "--dtype") {
+      o.overrides.emplace_back(a, v);
       if (v == "bf16") o.cfg.param_dtype = dtype::bf16;
       else if (v == "f16") o.cfg.param_dtype = dtype::f16;
       else if (v == "f32") o.cfg.param_dtype = dtype::f32;
       else throw usage_error("--dtype takes bf16, f16 or f32, not '" + v + "'");
       o.act.activation_type = o.cfg.param_dtype;
     } else if (a == "--max-live") {
+      o.overrides.emplace_back(a, v);
       o.cfg.prefetch.max_live_numel = count(a, v);
     } else if (a == "--prefetch") {
+      o.overrides.emplace_back(a, v);
       o.cfg.prefetch.prefetch_numel = count(a, v);
     } else if (a == "--bucket") {
+      o.overrides.emplace_back(a, v);
       o.cfg.reduce.reduce_bucket_numel = count(a, v);
     } else if (a == "--prefetcher") {
       if (v == "trace") o.prefetcher = prefetch_policy::trace;
       else if (v == "on-demand") o.prefetcher = prefetch_policy::on_demand;
       else throw usage_error("--prefetcher takes trace or on-demand, not '" + v + "'");
     } else if (a == "--allow-oversized") {
+      o.overrides.emplace_back(a, v);
       o.cfg.prefetch.allow_oversized_module = on_off(a, v);
     } else {
       throw usage_error("unknown option '" + a + "'");
@@ -163,41 +209,98 @@ struct tool_policies : default_policies {
 };
 
 template <class Offloader>
-phantom_result simulate(const options& o, const transformer_model& m, const step_schedule& s) {
+phantom_result simulate(const options& o, const model_spec& spec, const engine_config& cfg, int world,
+                        const training_schedule& s, int steps) {
   if (o.prefetcher == prefetch_policy::trace)
-    return run_phantom<tool_policies<Offloader, prefetch::trace>>(m.spec, o.cfg, o.world, s, 2);
-  return run_phantom<tool_policies<Offloader, prefetch::on_demand>>(m.spec, o.cfg, o.world, s, 2);
+    return run_phantom<tool_policies<Offloader, prefetch::trace>>(spec, cfg, world, s, steps);
+  return run_phantom<tool_policies<Offloader, prefetch::on_demand>>(spec, cfg, world, s, steps);
 }
 
 double gib(std::size_t bytes) { return double(bytes) / double(std::size_t{1} << 30); }
 
-int run(const options& o) {
-  const transformer_model model = build_transformer(o.shape);
-  const step_schedule schedule = transformer_schedule(model, o.act);
-  const memory_plan plan = plan_memory(model.spec, o.cfg, o.world, schedule, {.optimizer = o.optimizer, .prefetcher = o.prefetcher});
-  std::printf("%s: %.2fe9 parameters, %d layers, hidden %lld; %d ranks, %s, optimizer on the %s\n",
+// Prints the plan (and a simulation beside it) and the key figures.
+int report(const options& o, const model_spec& spec, const engine_config& cfg, int world, optimizer_location optimizer,
+           const training_schedule& schedule) {
+  const memory_plan plan =
+      plan_memory(spec, cfg, world, schedule, {.optimizer = optimizer, .prefetcher = o.prefetcher, .overheads = o.gpu});
+  std::optional<phantom_result> sim;
+  if (o.simulate) {
+    const int steps = plan.steps_simulated + int(schedule.cycle.size());
+    sim = optimizer == optimizer_location::host ? simulate<offload::host_adam>(o, spec, cfg, world, schedule, steps)
+                                                : simulate<offload::on_device>(o, spec, cfg, world, schedule, steps);
+  }
+  print_plan(std::cout, plan, sim ? &sim->peak_step() : nullptr, sim && sim->host ? &*sim->host : nullptr);
+  const device_overheads& d = plan.overheads;
+  if (d.total(plan.device.total_peak) > 0)
+    std::printf("device beyond the ledger: CUDA context %.3f GiB, NCCL %.3f GiB (%d communicator(s)), pool %.3f GiB "
+                "(%.0f%% fragmentation, %zu MiB granules), workspaces %.3f GiB\n",
+                gib(d.cuda_context_bytes), gib(d.nccl_bytes()), d.communicators, gib(d.pool_bytes(plan.device.total_peak)),
+                100 * d.fragmentation, d.pool_granularity_bytes >> 20, gib(d.workspace_bytes));
+  std::printf("\npeak_gib_per_rank: %.3f\n", gib(plan.device.total_peak));
+  std::printf("device_total_gib_per_rank: %.3f\n", gib(plan.device_total()));
+  std::printf("peak_phase: %s\n", plan.device.peak_phase.c_str());
+  std::printf("host_gib_per_rank: %.3f\n", gib(plan.host.total_peak));
+  std::printf("steps_planned: %d\n", plan.steps_simulated);
+  std::printf("peak_bytes_per_rank: %zu\n", plan.device.total_peak);
+  if (sim) {
+    std::printf("simulated_peak_gib: %.3f\n", gib(sim->peak()));
+    bool within = sim->peak() <= plan.device.total_peak;
+    for (const auto& l : sim->steps)
+      for (std::size_t i = 0; i < mem_category_count; ++i) within = within && l.peak(mem_category(i)) <= plan.device.peak[i];
+    std::printf("simulation_within_plan: %s\n", within ? "yes" : "NO");
+  }
+  if (o.device_gib) {
+    const auto budget = static_cast<std::size_t>(*o.device_gib * double(std::size_t{1} << 30));
+    std::printf("fits: %s (%.3f of %.3f GiB)\n", plan.fits(budget) ? "yes" : "no", gib(plan.device_total()), *o.device_gib);
+  }
+  return 0;
+}
+
+int run_llama(const options& o) {
+  const transformer_model model = o.hooks ? build_transformer_hooks(o.shape) : build_transformer(o.shape);
+  const training_schedule schedule{
+      {o.hooks ? transformer_hook_program(model, o.act) : to_program(transformer_schedule(model, o.act))}};
+  std::printf("%s: %.2fe9 parameters, %d layers, hidden %lld, %zu modules; %d ranks, %s, optimizer on the %s\n",
               o.shape.name.c_str(), double(o.shape.param_count()) / 1e9, o.shape.layers,
-              static_cast<long long>(o.shape.hidden), o.world, std::string(to_string(o.cfg.param_dtype)).c_str(),
-              o.optimizer == optimizer_location::host ? "host" : "device");
+              static_cast<long long>(o.shape.hidden), model.spec.modules().size(), o.world,
+              std::string(to_string(o.cfg.param_dtype)).c_str(), o.optimizer == optimizer_location::host ? "host" : "device");
   std::printf("micro-batch %lld x %lld tokens, %d per step, checkpointing %s; max_live %zu, prefetch %zu (%s), bucket %zu\n\n",
               static_cast<long long>(o.act.micro_batch), static_cast<long long>(o.act.seq_len), o.act.micro_batches,
               o.act.checkpoint ? "on" : "off", o.cfg.prefetch.max_live_numel, o.cfg.prefetch.prefetch_numel,
               o.prefetcher == prefetch_policy::trace ? "trace" : "on-demand", o.cfg.reduce.reduce_bucket_numel);
-  std::optional<phantom_result> sim;
-  if (o.simulate)
-    sim = o.optimizer == optimizer_location::host ? simulate<offload::host_adam>(o, model, schedule)
-                                                  : simulate<offload::on_device>(o, model, schedule);
-  print_plan(std::cout, plan, sim ? &sim->peak_step() : nullptr, sim && sim->host ? &*sim->host : nullptr);
-  std::printf("\npeak_gib_per_rank: %.3f\n", gib(plan.device.total_peak));
-  std::printf("peak_phase: %s\n", plan.device.peak_phase.c_str());
-  std::printf("host_gib_per_rank: %.3f\n", gib(plan.host.total_peak));
-  if (sim) std::printf("simulated_peak_gib: %.3f\n", gib(sim->peak()));
-  if (o.device_gib) {
-    const auto budget = static_cast<std::size_t>(*o.device_gib * double(std::size_t{1} << 30));
-    std::printf("fits: %s (%.3f of %.3f GiB)\n", plan.fits(budget) ? "yes" : "no", gib(plan.device.total_peak), *o.device_gib);
-  }
-  return 0;
+  return report(o, model.spec, o.cfg, o.world, o.optimizer, schedule);
 }
+
+int run_file(const options& o) {
+  std::ifstream in(*o.schedule_path);
+  if (!in) throw usage_error("cannot read the schedule file '" + *o.schedule_path + "'");
+  schedule_file f = read_schedule_file(in, *o.schedule_path);
+  // The file's settings, then the command line's.
+  options parsed;
+  for (const auto& [flag, value] : o.overrides) {
+    parsed = parse({flag, value});
+    if (flag == "--world") f.world = parsed.world;
+    else if (flag == "--optimizer") f.optimizer = parsed.optimizer;
+    else if (flag == "--max-live") f.cfg.prefetch.max_live_numel = parsed.cfg.prefetch.max_live_numel;
+    else if (flag == "--prefetch") f.cfg.prefetch.prefetch_numel = parsed.cfg.prefetch.prefetch_numel;
+    else if (flag == "--bucket") f.cfg.reduce.reduce_bucket_numel = parsed.cfg.reduce.reduce_bucket_numel;
+    else if (flag == "--allow-oversized") f.cfg.prefetch.allow_oversized_module = parsed.cfg.prefetch.allow_oversized_module;
+    else if (flag == "--dtype") f.cfg.param_dtype = parsed.cfg.param_dtype;
+  }
+  f.cfg.log = [](const std::string&) {};  // a trace divergence in --simulate is planned for
+  std::size_t events = 0;
+  for (const auto& s : f.schedule.cycle) events += s.events.size();
+  std::printf("%s: %zu parameters (%.4ge9 elements), %zu modules; %d ranks, %s, optimizer on the %s\n"
+              "%zu step program(s) in the cycle, %zu calls; max_live %zu, prefetch %zu (%s), bucket %zu\n\n",
+              o.schedule_path->c_str(), f.spec.params().size(), double(f.spec.total_numel()) / 1e9,
+              f.spec.modules().size(), f.world, std::string(to_string(f.cfg.param_dtype)).c_str(),
+              f.optimizer == optimizer_location::host ? "host" : "device", f.schedule.cycle.size(), events,
+              f.cfg.prefetch.max_live_numel, f.cfg.prefetch.prefetch_numel,
+              o.prefetcher == prefetch_policy::trace ? "trace" : "on-demand", f.cfg.reduce.reduce_bucket_numel);
+  return report(o, f.spec, f.cfg, f.world, f.optimizer, f.schedule);
+}
+
+int run(const options& o) { return o.schedule_path ? run_file(o) : run_llama(o); }
 
 }  // namespace
 

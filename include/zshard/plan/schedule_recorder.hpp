@@ -66,7 +66,7 @@ class schedule_recorder {
 
   schedule_recorder(const model_spec& spec, engine_config cfg, int world)
       : comm_(0, world), eng_(backend_, comm_, spec, quiet(std::move(cfg))) {
-    current_.name = "step 1";
+    current_.name = "recorded step 1";
   }
 
   scope forward(module_id m, use_kind kind = use_kind::counted) {
@@ -95,7 +95,7 @@ class schedule_recorder {
     step_report r = eng_.step();
     recorded_.cycle.push_back(std::move(current_));
     current_ = {};
-    current_.name = "step " + std::to_string(recorded_.cycle.size() + 1);
+    current_.name = "recorded step " + std::to_string(recorded_.cycle.size() + 1);
     return r;
   }
 
