@@ -26,11 +26,14 @@ using namespace zshard;
 class prefetch_count {
  public:
   using zshard_tag = prefetcher_tag;
+  template <class Backend, class Comm>
+  using impl = prefetch_count;
 
-  void reset(const model_spec& spec, const std::vector<shard_layout>& layouts, const engine_config& cfg) {
-    inner_.reset(spec, layouts, cfg);
+  void reset(const model_spec& spec, const std::vector<shard_layout>& layouts, const prefetch_config& cfg,
+             const log_sink& log) {
+    inner_.reset(spec, layouts, cfg, log);
     spec_ = &spec;
-    max_live_ = std::int64_t(cfg.prefetch.max_live_numel);
+    max_live_ = std::int64_t(cfg.max_live_numel);
     numel_.assign(spec.params().size(), 0);
     for (param_id p = 0; p < spec.params().size(); ++p)
       if (!layouts[p].replicated) numel_[p] = std::int64_t(layouts[p].padded_numel);

@@ -21,8 +21,8 @@ using namespace zshard;
 template <class Backend, class Comm>
 class copying_reducer {
  public:
-  copying_reducer(param_store<Backend>& store, Comm& comm, const engine_config& cfg)
-      : store_(store), comm_(comm), bucket_numel_(cfg.reduce.reduce_bucket_numel) {}
+  copying_reducer(param_store<Backend>& store, Comm& comm, const reduce_config& cfg)
+      : store_(store), comm_(comm), bucket_numel_(cfg.reduce_bucket_numel) {}
 
   template <class Sink>
   void grad_ready(param_id p, Sink& sink) {
