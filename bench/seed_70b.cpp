@@ -84,7 +84,6 @@ overhead engine_overhead(int modules, int steps) {
           ns(in_step) / (double(spec.params().size()) * double(steps))};
 }
 
-
 // Planning time for `params` small parameters, two per module, in a chain forwarded then
 // backward, with a prefetch window of thousands of scopes and reuse distance on: the case that
 // made the first planner quadratic. Also the phantom run of one step of it, for scale.
@@ -101,8 +100,8 @@ plan_timing plan_time(std::size_t params) {
   }
   engine_config cfg;
   cfg.param_dtype = dtype::bf16;
-  cfg.prefetch.prefetch_numel = 5'000'000;     // ~4,000 scopes ahead
-  cfg.prefetch.max_live_numel = 4'000'000;     // binds
+  cfg.prefetch.prefetch_numel = 5'000'000;  // ~4,000 scopes ahead
+  cfg.prefetch.max_live_numel = 4'000'000;  // binds
   cfg.prefetch.max_reuse_distance = 1'000'000;
   cfg.reduce.reduce_bucket_numel = 1'000'000;
   cfg.log = [](const std::string&) {};
@@ -126,18 +125,20 @@ int main() {
   const training_schedule schedule{{seed.program(model)}};
   const engine_config cfg = seed.config();
 
-  std::printf("seed scenario: %s (%.2fe9 parameters, %zu modules: DeepSpeed hook granularity), %d ranks, bf16,\n"
-              "  optimizer on the host, each block a checkpointed segment, micro-batch %lld x %lld tokens,\n"
-              "  %d steps x %d micro-batches, device budget %.0f GiB; max_live_numel 1e9, prefetch_numel 5e7,\n"
-              "  reduce_bucket_numel 5e8, persistence threshold 1e5, allow_oversized_module\n\n",
-              seed.shape.name.c_str(), double(seed.shape.param_count()) / 1e9, model.spec.modules().size(), seed.world,
-              static_cast<long long>(seed.activations.micro_batch), static_cast<long long>(seed.activations.seq_len),
-              seed.steps, seed.activations.micro_batches, gib(seed.device_budget));
+  std::printf(
+      "seed scenario: %s (%.2fe9 parameters, %zu modules: DeepSpeed hook granularity), %d ranks, bf16,\n"
+      "  optimizer on the host, each block a checkpointed segment, micro-batch %lld x %lld tokens,\n"
+      "  %d steps x %d micro-batches, device budget %.0f GiB; max_live_numel 1e9, prefetch_numel 5e7,\n"
+      "  reduce_bucket_numel 5e8, persistence threshold 1e5, allow_oversized_module\n\n",
+      seed.shape.name.c_str(), double(seed.shape.param_count()) / 1e9, model.spec.modules().size(), seed.world,
+      static_cast<long long>(seed.activations.micro_batch), static_cast<long long>(seed.activations.seq_len),
+      seed.steps, seed.activations.micro_batches, gib(seed.device_budget));
 
   const auto t0 = std::chrono::steady_clock::now();
   const memory_plan plan = plan_memory(model.spec, cfg, seed.world, schedule, seed.options());
   const auto t1 = std::chrono::steady_clock::now();
-  const phantom_result run = run_phantom<seed_policies>(model.spec, cfg, seed.world, schedule, seed.steps, seed.device_budget);
+  const phantom_result run =
+      run_phantom<seed_policies>(model.spec, cfg, seed.world, schedule, seed.steps, seed.device_budget);
   const auto t2 = std::chrono::steady_clock::now();
 
   std::printf("per-rank peak by category (plan: computed before the run; run: phantom backend)\n");
@@ -145,8 +146,9 @@ int main() {
   std::printf("\nstep  peak GiB   gathered  buckets   activations  forward scopes with gathers ahead\n");
   for (std::size_t s = 0; s < run.steps.size(); ++s) {
     const memory_ledger& l = run.steps[s];
-    std::printf("%-5zu %-10.3f %-9.3f %-9.3f %-12.3f %s\n", s + 1, gib(l.total_peak()), gib(l.peak(mem_category::gathered_params)),
-                gib(l.peak(mem_category::grad_buckets)), gib(l.peak(mem_category::activations)),
+    std::printf("%-5zu %-10.3f %-9.3f %-9.3f %-12.3f %s\n", s + 1, gib(l.total_peak()),
+                gib(l.peak(mem_category::gathered_params)), gib(l.peak(mem_category::grad_buckets)),
+                gib(l.peak(mem_category::activations)),
                 s + 1 == run.steps.size() ? std::to_string(run.scopes_with_gathers_ahead).c_str() : "");
   }
   std::printf("plan: %.1f ms; phantom run of %d steps: %.1f ms; rank 0 sends %.1f GiB per step\n",
@@ -170,10 +172,12 @@ int main() {
   const phantom_result lt = unbudgeted(legacy_tracker_policies{});
   const phantom_result lp = unbudgeted(legacy_prefetch_policies{});
   const phantom_result lr = unbudgeted(legacy_reducer_policies{});
-  std::printf("\neach mechanism alone (max_live_numel lifted), per-rank peak with no budget, and what the 80 GiB say:\n");
+  std::printf(
+      "\neach mechanism alone (max_live_numel lifted), per-rank peak with no budget, and what the 80 GiB say:\n");
   std::printf("  %-34s %9s %10s %10s\n", "policies", "peak GiB", "gathered", "buckets");
   auto row = [](const char* name, const phantom_result& r) {
-    std::printf("  %-34s %9.3f %10.3f %10.3f\n", name, gib(r.peak()), gib(r.peak_step().peak(mem_category::gathered_params)),
+    std::printf("  %-34s %9.3f %10.3f %10.3f\n", name, gib(r.peak()),
+                gib(r.peak_step().peak(mem_category::gathered_params)),
                 gib(r.peak_step().peak(mem_category::grad_buckets)));
   };
   row("default (zshard)", healthy);
@@ -184,8 +188,9 @@ int main() {
   std::printf("  legacy prefetch at 80 GiB: %s\n", against_budget(legacy_prefetch_policies{}).c_str());
   std::printf("  legacy reducer at 80 GiB:  %s\n", against_budget(legacy_reducer_policies{}).c_str());
 
-  std::printf("\nplanning time, chains of small parameters (prefetch window ~4,000 scopes, reuse on, max_live binding):\n"
-              "  parameters   plan ms   phantom run of one step ms\n");
+  std::printf(
+      "\nplanning time, chains of small parameters (prefetch window ~4,000 scopes, reuse on, max_live binding):\n"
+      "  parameters   plan ms   phantom run of one step ms\n");
   double plan_ms_100k = 0;
   for (std::size_t n : {std::size_t{10'000}, std::size_t{100'000}}) {
     const plan_timing t = plan_time(n);
@@ -196,11 +201,12 @@ int main() {
   const int modules = 4000, steps = 20;
   const overhead trace = engine_overhead<default_policies>(modules, steps);
   const overhead on_demand = engine_overhead<on_demand_policies>(modules, steps);
-  std::printf("\nengine bookkeeping (%d modules of 2 parameters, 8 virtual ranks, phantom backend):\n"
-              "  prefetcher                 per module scope   step() per parameter\n"
-              "  trace (default)            %6.0f ns          %6.0f ns\n"
-              "  on-demand                  %6.0f ns          %6.0f ns\n",
-              modules, trace.per_scope_ns, trace.step_per_param_ns, on_demand.per_scope_ns, on_demand.step_per_param_ns);
+  std::printf(
+      "\nengine bookkeeping (%d modules of 2 parameters, 8 virtual ranks, phantom backend):\n"
+      "  prefetcher                 per module scope   step() per parameter\n"
+      "  trace (default)            %6.0f ns          %6.0f ns\n"
+      "  on-demand                  %6.0f ns          %6.0f ns\n",
+      modules, trace.per_scope_ns, trace.step_per_param_ns, on_demand.per_scope_ns, on_demand.step_per_param_ns);
 
   std::printf("\npeak_gib: %.3f\n", gib(run.peak()));
   std::printf("plan_gib: %.3f\n", gib(plan.device.total_peak));

@@ -101,8 +101,8 @@ int main(int argc, char** argv) {
   cfg.reduce.reduce_bucket_numel = 20'000;
 
   // 1. Record: three steps (the third with the evaluation pass), on the phantom backend.
-  const plan::training_schedule recorded =
-      plan::record_schedule(m.spec, cfg, world, [&](auto& eng, int step) { train_step(eng, m, step); }, 3);
+  const plan::training_schedule recorded = plan::record_schedule(
+      m.spec, cfg, world, [&](auto& eng, int step) { train_step(eng, m, step); }, 3);
   // 2. Plan from the recording, and save it for `zshard_plan --schedule`.
   const plan::memory_plan plan = plan::plan_memory(m.spec, cfg, world, recorded);
   std::ofstream(path) << [&] {

@@ -166,15 +166,22 @@ options parse(const std::vector<std::string>& args) {
       o.act.checkpoint = on_off(a, v);
     } else if (a == "--optimizer") {
       o.overrides.emplace_back(a, v);
-      if (v == "device") o.optimizer = optimizer_location::device;
-      else if (v == "host") o.optimizer = optimizer_location::host;
-      else throw usage_error("--optimizer takes device or host, not '" + v + "'");
+      if (v == "device")
+        o.optimizer = optimizer_location::device;
+      else if (v == "host")
+        o.optimizer = optimizer_location::host;
+      else
+        throw usage_error("--optimizer takes device or host, not '" + v + "'");
     } else if (a == "--dtype") {
       o.overrides.emplace_back(a, v);
-      if (v == "bf16") o.cfg.param_dtype = dtype::bf16;
-      else if (v == "f16") o.cfg.param_dtype = dtype::f16;
-      else if (v == "f32") o.cfg.param_dtype = dtype::f32;
-      else throw usage_error("--dtype takes bf16, f16 or f32, not '" + v + "'");
+      if (v == "bf16")
+        o.cfg.param_dtype = dtype::bf16;
+      else if (v == "f16")
+        o.cfg.param_dtype = dtype::f16;
+      else if (v == "f32")
+        o.cfg.param_dtype = dtype::f32;
+      else
+        throw usage_error("--dtype takes bf16, f16 or f32, not '" + v + "'");
       o.act.activation_type = o.cfg.param_dtype;
     } else if (a == "--max-live") {
       o.overrides.emplace_back(a, v);
@@ -186,9 +193,12 @@ options parse(const std::vector<std::string>& args) {
       o.overrides.emplace_back(a, v);
       o.cfg.reduce.reduce_bucket_numel = count(a, v);
     } else if (a == "--prefetcher") {
-      if (v == "trace") o.prefetcher = prefetch_policy::trace;
-      else if (v == "on-demand") o.prefetcher = prefetch_policy::on_demand;
-      else throw usage_error("--prefetcher takes trace or on-demand, not '" + v + "'");
+      if (v == "trace")
+        o.prefetcher = prefetch_policy::trace;
+      else if (v == "on-demand")
+        o.prefetcher = prefetch_policy::on_demand;
+      else
+        throw usage_error("--prefetcher takes trace or on-demand, not '" + v + "'");
     } else if (a == "--allow-oversized") {
       o.overrides.emplace_back(a, v);
       o.cfg.prefetch.allow_oversized_module = on_off(a, v);
@@ -232,10 +242,11 @@ int report(const options& o, const model_spec& spec, const engine_config& cfg, i
   print_plan(std::cout, plan, sim ? &sim->peak_step() : nullptr, sim && sim->host ? &*sim->host : nullptr);
   const device_overheads& d = plan.overheads;
   if (d.total(plan.device.total_peak) > 0)
-    std::printf("device beyond the ledger: CUDA context %.3f GiB, NCCL %.3f GiB (%d communicator(s)), pool %.3f GiB "
-                "(%.0f%% fragmentation, %zu MiB granules), workspaces %.3f GiB\n",
-                gib(d.cuda_context_bytes), gib(d.nccl_bytes()), d.communicators, gib(d.pool_bytes(plan.device.total_peak)),
-                100 * d.fragmentation, d.pool_granularity_bytes >> 20, gib(d.workspace_bytes));
+    std::printf(
+        "device beyond the ledger: CUDA context %.3f GiB, NCCL %.3f GiB (%d communicator(s)), pool %.3f GiB "
+        "(%.0f%% fragmentation, %zu MiB granules), workspaces %.3f GiB\n",
+        gib(d.cuda_context_bytes), gib(d.nccl_bytes()), d.communicators, gib(d.pool_bytes(plan.device.total_peak)),
+        100 * d.fragmentation, d.pool_granularity_bytes >> 20, gib(d.workspace_bytes));
   std::printf("\npeak_gib_per_rank: %.3f\n", gib(plan.device.total_peak));
   std::printf("device_total_gib_per_rank: %.3f\n", gib(plan.device_total()));
   std::printf("peak_phase: %s\n", plan.device.peak_phase.c_str());
@@ -246,12 +257,14 @@ int report(const options& o, const model_spec& spec, const engine_config& cfg, i
     std::printf("simulated_peak_gib: %.3f\n", gib(sim->peak()));
     bool within = sim->peak() <= plan.device.total_peak;
     for (const auto& l : sim->steps)
-      for (std::size_t i = 0; i < mem_category_count; ++i) within = within && l.peak(mem_category(i)) <= plan.device.peak[i];
+      for (std::size_t i = 0; i < mem_category_count; ++i)
+        within = within && l.peak(mem_category(i)) <= plan.device.peak[i];
     std::printf("simulation_within_plan: %s\n", within ? "yes" : "NO");
   }
   if (o.device_gib) {
     const auto budget = static_cast<std::size_t>(*o.device_gib * double(std::size_t{1} << 30));
-    std::printf("fits: %s (%.3f of %.3f GiB)\n", plan.fits(budget) ? "yes" : "no", gib(plan.device_total()), *o.device_gib);
+    std::printf("fits: %s (%.3f of %.3f GiB)\n", plan.fits(budget) ? "yes" : "no", gib(plan.device_total()),
+                *o.device_gib);
   }
   return 0;
 }
@@ -263,11 +276,13 @@ int run_llama(const options& o) {
   std::printf("%s: %.2fe9 parameters, %d layers, hidden %lld, %zu modules; %d ranks, %s, optimizer on the %s\n",
               o.shape.name.c_str(), double(o.shape.param_count()) / 1e9, o.shape.layers,
               static_cast<long long>(o.shape.hidden), model.spec.modules().size(), o.world,
-              std::string(to_string(o.cfg.param_dtype)).c_str(), o.optimizer == optimizer_location::host ? "host" : "device");
-  std::printf("micro-batch %lld x %lld tokens, %d per step, checkpointing %s; max_live %zu, prefetch %zu (%s), bucket %zu\n\n",
-              static_cast<long long>(o.act.micro_batch), static_cast<long long>(o.act.seq_len), o.act.micro_batches,
-              o.act.checkpoint ? "on" : "off", o.cfg.prefetch.max_live_numel, o.cfg.prefetch.prefetch_numel,
-              o.prefetcher == prefetch_policy::trace ? "trace" : "on-demand", o.cfg.reduce.reduce_bucket_numel);
+              std::string(to_string(o.cfg.param_dtype)).c_str(),
+              o.optimizer == optimizer_location::host ? "host" : "device");
+  std::printf(
+      "micro-batch %lld x %lld tokens, %d per step, checkpointing %s; max_live %zu, prefetch %zu (%s), bucket %zu\n\n",
+      static_cast<long long>(o.act.micro_batch), static_cast<long long>(o.act.seq_len), o.act.micro_batches,
+      o.act.checkpoint ? "on" : "off", o.cfg.prefetch.max_live_numel, o.cfg.prefetch.prefetch_numel,
+      o.prefetcher == prefetch_policy::trace ? "trace" : "on-demand", o.cfg.reduce.reduce_bucket_numel);
   return report(o, model.spec, o.cfg, o.world, o.optimizer, schedule);
 }
 
@@ -279,24 +294,32 @@ int run_file(const options& o) {
   options parsed;
   for (const auto& [flag, value] : o.overrides) {
     parsed = parse({flag, value});
-    if (flag == "--world") f.world = parsed.world;
-    else if (flag == "--optimizer") f.optimizer = parsed.optimizer;
-    else if (flag == "--max-live") f.cfg.prefetch.max_live_numel = parsed.cfg.prefetch.max_live_numel;
-    else if (flag == "--prefetch") f.cfg.prefetch.prefetch_numel = parsed.cfg.prefetch.prefetch_numel;
-    else if (flag == "--bucket") f.cfg.reduce.reduce_bucket_numel = parsed.cfg.reduce.reduce_bucket_numel;
-    else if (flag == "--allow-oversized") f.cfg.prefetch.allow_oversized_module = parsed.cfg.prefetch.allow_oversized_module;
-    else if (flag == "--dtype") f.cfg.param_dtype = parsed.cfg.param_dtype;
+    if (flag == "--world")
+      f.world = parsed.world;
+    else if (flag == "--optimizer")
+      f.optimizer = parsed.optimizer;
+    else if (flag == "--max-live")
+      f.cfg.prefetch.max_live_numel = parsed.cfg.prefetch.max_live_numel;
+    else if (flag == "--prefetch")
+      f.cfg.prefetch.prefetch_numel = parsed.cfg.prefetch.prefetch_numel;
+    else if (flag == "--bucket")
+      f.cfg.reduce.reduce_bucket_numel = parsed.cfg.reduce.reduce_bucket_numel;
+    else if (flag == "--allow-oversized")
+      f.cfg.prefetch.allow_oversized_module = parsed.cfg.prefetch.allow_oversized_module;
+    else if (flag == "--dtype")
+      f.cfg.param_dtype = parsed.cfg.param_dtype;
   }
   f.cfg.log = [](const std::string&) {};  // a trace divergence in --simulate is planned for
   std::size_t events = 0;
   for (const auto& s : f.schedule.cycle) events += s.events.size();
-  std::printf("%s: %zu parameters (%.4ge9 elements), %zu modules; %d ranks, %s, optimizer on the %s\n"
-              "%zu step program(s) in the cycle, %zu calls; max_live %zu, prefetch %zu (%s), bucket %zu\n\n",
-              o.schedule_path->c_str(), f.spec.params().size(), double(f.spec.total_numel()) / 1e9,
-              f.spec.modules().size(), f.world, std::string(to_string(f.cfg.param_dtype)).c_str(),
-              f.optimizer == optimizer_location::host ? "host" : "device", f.schedule.cycle.size(), events,
-              f.cfg.prefetch.max_live_numel, f.cfg.prefetch.prefetch_numel,
-              o.prefetcher == prefetch_policy::trace ? "trace" : "on-demand", f.cfg.reduce.reduce_bucket_numel);
+  std::printf(
+      "%s: %zu parameters (%.4ge9 elements), %zu modules; %d ranks, %s, optimizer on the %s\n"
+      "%zu step program(s) in the cycle, %zu calls; max_live %zu, prefetch %zu (%s), bucket %zu\n\n",
+      o.schedule_path->c_str(), f.spec.params().size(), double(f.spec.total_numel()) / 1e9, f.spec.modules().size(),
+      f.world, std::string(to_string(f.cfg.param_dtype)).c_str(),
+      f.optimizer == optimizer_location::host ? "host" : "device", f.schedule.cycle.size(), events,
+      f.cfg.prefetch.max_live_numel, f.cfg.prefetch.prefetch_numel,
+      o.prefetcher == prefetch_policy::trace ? "trace" : "on-demand", f.cfg.reduce.reduce_bucket_numel);
   return report(o, f.spec, f.cfg, f.world, f.optimizer, f.schedule);
 }
 

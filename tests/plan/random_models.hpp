@@ -70,7 +70,8 @@ class case_generator {
     }
     for (std::size_t n : numel) total += padded(n, c);
     const bool tight = !simple && pick(0, 1);
-    c.cfg.prefetch.max_live_numel = tight ? std::max<std::size_t>(1, std::size_t(pick(int(largest / 2), int(largest + total / 2)))) : 4 * total + 8;
+    c.cfg.prefetch.max_live_numel =
+        tight ? std::max<std::size_t>(1, std::size_t(pick(int(largest / 2), int(largest + total / 2)))) : 4 * total + 8;
     c.cfg.prefetch.allow_oversized_module = c.cfg.prefetch.max_live_numel < largest || pick(0, 3) == 0;
     c.cfg.prefetch.prefetch_numel = std::size_t(pick(0, int(total)));
     c.cfg.prefetch.max_reuse_distance = pick(0, 2) ? 0 : std::size_t(pick(1, int(total)));

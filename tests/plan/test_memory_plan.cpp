@@ -38,8 +38,8 @@ struct measured {
 
 // Every rank's ledgers after `steps` steps of the schedule (peaks over the whole run).
 template <class Policies>
-std::vector<measured> run_host(const model_spec& spec, const engine_config& cfg, int world, const step_schedule& schedule,
-                               int steps = 3) {
+std::vector<measured> run_host(const model_spec& spec, const engine_config& cfg, int world,
+                               const step_schedule& schedule, int steps = 3) {
   std::mutex mu;
   std::vector<measured> out;
   run_ranks(world, [&](thread_comm& comm) {
@@ -102,7 +102,8 @@ TEST_CASE("plan: closed-form terms of a one-module model") {
   CHECK(plan.max_gathered_numel == 12);
   CHECK(plan.host.total_peak == 0);
 
-  const memory_plan offloaded = plan_memory(spec, engine_config{}, 3, schedule, {.optimizer = optimizer_location::host});
+  const memory_plan offloaded =
+      plan_memory(spec, engine_config{}, 3, schedule, {.optimizer = optimizer_location::host});
   CHECK(offloaded.device.peak_of(mem_category::optimizer_state) == 0);
   CHECK(offloaded.host.peak_of(mem_category::optimizer_state) == 3 * 4 * 32);  // shard rounded to the tile granule
   CHECK(offloaded.host.peak_of(mem_category::grad_shards) == 4 * 32);

@@ -66,7 +66,8 @@ TEST_CASE("plan >= run on random models in every category, and within 5% on simp
     } catch (const error& e) {
       plan_error = e.what();
     }
-    const int steps = plan ? plan->steps_simulated + int(c.schedule.cycle.size()) : 2 * int(c.schedule.cycle.size()) + 2;
+    const int steps =
+        plan ? plan->steps_simulated + int(c.schedule.cycle.size()) : 2 * int(c.schedule.cycle.size()) + 2;
     std::optional<phantom_result> run;
     std::string run_error;
     try {
@@ -125,5 +126,6 @@ TEST_CASE("regression: two modules, gathers ahead admitted first-fit, the plan i
   CHECK(run.peak() == 5220);
   CHECK(plan.device.total_peak >= run.peak());
   CHECK(plan.device.total_peak == 5380);
-  for (std::size_t k = 0; k < mem_category_count; ++k) CHECK(run.peak_step().peak(mem_category(k)) <= plan.device.peak[k]);
+  for (std::size_t k = 0; k < mem_category_count; ++k)
+    CHECK(run.peak_step().peak(mem_category(k)) <= plan.device.peak[k]);
 }

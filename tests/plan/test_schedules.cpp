@@ -117,7 +117,8 @@ TEST_CASE("schedules: the tied weight's gradient waits for its last use") {
   const std::size_t largest_module = 4 * (24 * 64 + 64 * 24);
   CHECK(plan.device.peak_of(mem_category::grad_buckets) >= 4 * 1200 + largest_module);
   const auto ledgers = run_host(model.spec, cfg, 2, training_schedule{{training_step(model.segments())}}, 2);
-  for (const auto& l : ledgers) CHECK(l.peak(mem_category::grad_buckets) == plan.device.peak_of(mem_category::grad_buckets));
+  for (const auto& l : ledgers)
+    CHECK(l.peak(mem_category::grad_buckets) == plan.device.peak_of(mem_category::grad_buckets));
 }
 
 namespace {
@@ -174,8 +175,8 @@ void user_step(Engine& eng, const small_model& m, bool eval) {
 TEST_CASE("schedules: recorded from the user's step function, planned, and the plan bounds the run") {
   const small_model model;
   const engine_config cfg = small_config(4'500);
-  const training_schedule recorded =
-      record_schedule(model.spec, cfg, 3, [&](auto& eng, int s) { user_step(eng, model, s % 2 == 1); }, 2);
+  const training_schedule recorded = record_schedule(
+      model.spec, cfg, 3, [&](auto& eng, int s) { user_step(eng, model, s % 2 == 1); }, 2);
   REQUIRE(recorded.cycle.size() == 2);
   CHECK(recorded.cycle[0].events.size() < recorded.cycle[1].events.size());  // the second has the eval pass
   const memory_plan plan = plan_memory(model.spec, cfg, 3, recorded);
@@ -250,9 +251,8 @@ TEST_CASE("plan: GPU terms are beside the ledger and count in fits") {
   const memory_plan gpu = plan_memory(model.spec, cfg, 2, step, {.overheads = device_overheads::cuda_defaults()});
   CHECK(gpu.device.total_peak == bare.device.total_peak);  // the ledger's figure does not change
   const device_overheads d = device_overheads::cuda_defaults();
-  CHECK(gpu.device_total() ==
-        gpu.device.total_peak + d.cuda_context_bytes + d.nccl_bytes_per_communicator + d.workspace_bytes +
-            d.pool_bytes(gpu.device.total_peak));
+  CHECK(gpu.device_total() == gpu.device.total_peak + d.cuda_context_bytes + d.nccl_bytes_per_communicator +
+                                  d.workspace_bytes + d.pool_bytes(gpu.device.total_peak));
   CHECK(d.pool_bytes(std::size_t{1} << 30) >= (std::size_t{1} << 30) / 20);
   CHECK(d.pool_bytes(std::size_t{1} << 30) % (2u << 20) == 0);
   CHECK(bare.fits(bare.device.total_peak));

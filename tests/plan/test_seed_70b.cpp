@@ -74,7 +74,8 @@ TEST_CASE("seed: 70B at hook granularity is planned, bounded and flat, and gathe
   captured_log logs;
   const engine_config cfg = logs.attach(seed.config());
   const memory_plan plan = plan_memory(model.spec, cfg, seed.world, schedule, seed.options());
-  const phantom_result run = run_phantom<seed_policies>(model.spec, cfg, seed.world, schedule, seed.steps, seed.device_budget);
+  const phantom_result run =
+      run_phantom<seed_policies>(model.spec, cfg, seed.world, schedule, seed.steps, seed.device_budget);
 
   std::ostringstream table;
   print_plan(table, plan, &run.peak_step(), run.host ? &*run.host : nullptr);
@@ -102,7 +103,8 @@ TEST_CASE("seed: 70B at hook granularity is planned, bounded and flat, and gathe
   CHECK(relative_error(plan.device.total_peak, peak) < 0.05);
   CHECK(plan.fits(seed.device_budget));
   CHECK(plan.device_total() > plan.device.total_peak + (std::size_t{1} << 30));  // context, NCCL, workspace, pool
-  for (std::size_t i = 0; i < mem_category_count; ++i) CHECK(run.peak_step().peak(mem_category(i)) <= plan.device.peak[i]);
+  for (std::size_t i = 0; i < mem_category_count; ++i)
+    CHECK(run.peak_step().peak(mem_category(i)) <= plan.device.peak[i]);
 
   CHECK(std::abs(double(model.spec.total_numel()) - 70.55e9) < 0.01e9);
   CHECK(run.after_construction.current(mem_category::optimizer_state) == 0);
@@ -116,8 +118,8 @@ TEST_CASE("seed: each legacy mechanism alone breaks the 80 GiB device budget; th
   const transformer_model model = seed.model();
   const training_schedule schedule{{seed.program(model)}};
   // The same budgets, max_live_numel lifted for everyone: the default policies stay well under.
-  const phantom_result healthy =
-      run_phantom<seed_policies>(model.spec, without_max_live(seed), seed.world, schedule, seed.steps, seed.device_budget);
+  const phantom_result healthy = run_phantom<seed_policies>(model.spec, without_max_live(seed), seed.world, schedule,
+                                                            seed.steps, seed.device_budget);
   CHECK(healthy.peak() < seed.device_budget / 2);
   CHECK(healthy.steps_with_growth() == 0);
 
@@ -135,9 +137,11 @@ TEST_CASE("seed: each legacy mechanism alone breaks the 80 GiB device budget; th
 
   // Without a device budget: how far each goes (every block's weights held; every gradient copied).
   const std::size_t blocks_bytes = std::size_t(seed.shape.layers) * std::size_t(seed.shape.block_numel()) * 2;
-  const phantom_result t = run_phantom<legacy_tracker_policies>(model.spec, without_max_live(seed), seed.world, schedule, 2);
+  const phantom_result t =
+      run_phantom<legacy_tracker_policies>(model.spec, without_max_live(seed), seed.world, schedule, 2);
   CHECK(t.peak_step().peak(mem_category::gathered_params) >= blocks_bytes);
-  const phantom_result r = run_phantom<legacy_reducer_policies>(model.spec, without_max_live(seed), seed.world, schedule, 2);
+  const phantom_result r =
+      run_phantom<legacy_reducer_policies>(model.spec, without_max_live(seed), seed.world, schedule, 2);
   CHECK(r.peak_step().peak(mem_category::grad_buckets) >= 2 * blocks_bytes);  // f32: twice the bf16 bytes
 }
 
@@ -149,9 +153,12 @@ TEST_CASE("seed: the planner matches phantom runs of other shapes and settings w
     optimizer_location optimizer;
   };
   const variant variants[] = {
-      {llama3_8b(), 1, true, false, optimizer_location::device}, {llama3_8b(), 4, true, true, optimizer_location::host},
-      {llama3_8b(), 8, false, true, optimizer_location::device}, {llama3_8b(), 8, true, false, optimizer_location::host},
-      {llama3_70b(), 4, false, false, optimizer_location::host}, {llama3_70b(), 8, true, true, optimizer_location::device},
+      {llama3_8b(), 1, true, false, optimizer_location::device},
+      {llama3_8b(), 4, true, true, optimizer_location::host},
+      {llama3_8b(), 8, false, true, optimizer_location::device},
+      {llama3_8b(), 8, true, false, optimizer_location::host},
+      {llama3_70b(), 4, false, false, optimizer_location::host},
+      {llama3_70b(), 8, true, true, optimizer_location::device},
   };
   const seed_scenario seed;
   for (const auto& v : variants) {
@@ -163,15 +170,18 @@ TEST_CASE("seed: the planner matches phantom runs of other shapes and settings w
     const engine_config cfg = seed.config();
     const memory_plan plan = plan_memory(model.spec, cfg, v.world, schedule, {.optimizer = v.optimizer});
     phantom_result run;
-    if (v.optimizer == optimizer_location::host) run = run_phantom<seed_policies>(model.spec, cfg, v.world, schedule, 2);
-    else run = run_phantom(model.spec, cfg, v.world, schedule, 2);
+    if (v.optimizer == optimizer_location::host)
+      run = run_phantom<seed_policies>(model.spec, cfg, v.world, schedule, 2);
+    else
+      run = run_phantom(model.spec, cfg, v.world, schedule, 2);
     std::ostringstream table;
     print_plan(table, plan, &run.peak_step(), run.host ? &*run.host : nullptr);
     INFO(v.shape.name << ", world " << v.world << ", checkpoint " << v.checkpoint << ", hooks " << v.hooks << "\n"
                       << table.str());
     CHECK(run.peak() <= plan.device.total_peak);
     CHECK(relative_error(plan.device.total_peak, run.peak()) < 0.05);
-    for (std::size_t i = 0; i < mem_category_count; ++i) CHECK(run.peak_step().peak(mem_category(i)) <= plan.device.peak[i]);
+    for (std::size_t i = 0; i < mem_category_count; ++i)
+      CHECK(run.peak_step().peak(mem_category(i)) <= plan.device.peak[i]);
     if (run.host) CHECK(run.host->total_peak() == plan.host.total_peak);
   }
 }
@@ -193,7 +203,8 @@ TEST_CASE("I5/I6 checks: quiet on a correct tied 70B (the tied gradient waits), 
     // The tied weight's f32 gradient (1.05e9 elements, 3.9 GiB) lives from head's backward to
     // embed's, on top of a bucket: above the old "bucket + largest module" bound.
     const std::size_t old_bound = (seed.config().reduce.reduce_bucket_numel + 128256 * 8192) * 4;
-    if constexpr (std::is_same_v<Policies, seed_policies>) CHECK(backend.ledger().peak(mem_category::grad_buckets) > old_bound);
+    if constexpr (std::is_same_v<Policies, seed_policies>)
+      CHECK(backend.ledger().peak(mem_category::grad_buckets) > old_bound);
     return testing::memory_bound_violations(eng);
   };
   const auto quiet = violations(seed_policies{});

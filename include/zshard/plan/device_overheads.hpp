@@ -54,7 +54,9 @@ struct device_overheads {
     const std::size_t reserved = g ? (with_margin + g - 1) / g * g : with_margin;
     return reserved - ledger_peak;
   }
-  std::size_t nccl_bytes() const noexcept { return nccl_bytes_per_communicator * std::size_t(communicators > 0 ? communicators : 0); }
+  std::size_t nccl_bytes() const noexcept {
+    return nccl_bytes_per_communicator * std::size_t(communicators > 0 ? communicators : 0);
+  }
   // Every term together, for a ledger that peaks at `ledger_peak`.
   std::size_t total(std::size_t ledger_peak) const noexcept {
     return cuda_context_bytes + nccl_bytes() + pool_bytes(ledger_peak) + workspace_bytes;

@@ -91,7 +91,8 @@ class plan_walk {
     std::vector<bool> seen(n * 3 * (n + 1), false);
     for (std::size_t s = 0;; ++s) {
       const std::size_t at = s % n;
-      const std::size_t key = (at * 3 + std::size_t(mirror_.current())) * (n + 1) + std::size_t(mirror_.trace_source() + 1);
+      const std::size_t key =
+          (at * 3 + std::size_t(mirror_.current())) * (n + 1) + std::size_t(mirror_.trace_source() + 1);
       if (seen[key]) break;
       seen[key] = true;
       walk_step(int(s), at);
@@ -151,8 +152,10 @@ class plan_walk {
       try {
         visit(prog.events[i]);
       } catch (const error& e) {
-        throw error(e.kind(), "step program '" + prog.name + "' (step " + std::to_string(s + 1) + "), event #" +
-                                  std::to_string(i) + ": " + e.message(), e.hint());
+        throw error(e.kind(),
+                    "step program '" + prog.name + "' (step " + std::to_string(s + 1) + "), event #" +
+                        std::to_string(i) + ": " + e.message(),
+                    e.hint());
       }
     }
     here_ = {s, at, prog.events.size(), 3, 0};
@@ -165,13 +168,27 @@ class plan_walk {
 
   void visit(const schedule_event& e) {
     switch (e.kind) {
-      case event_kind::open: open(e.module, e.scope); break;
-      case event_kind::close: close(e.module, e.scope == scope_kind::backward); break;
-      case event_kind::begin_backward: tracker_.on_begin_backward(); break;
-      case event_kind::end_backward: end_backward(); break;
-      case event_kind::activations: set(mem_category::activations, e.bytes); break;
-      case event_kind::gather_param: transient(mem_category::scratch, gather_scratch(e.param)); break;
-      case event_kind::export_params: transient(mem_category::scratch, export_scratch_); break;
+      case event_kind::open:
+        open(e.module, e.scope);
+        break;
+      case event_kind::close:
+        close(e.module, e.scope == scope_kind::backward);
+        break;
+      case event_kind::begin_backward:
+        tracker_.on_begin_backward();
+        break;
+      case event_kind::end_backward:
+        end_backward();
+        break;
+      case event_kind::activations:
+        set(mem_category::activations, e.bytes);
+        break;
+      case event_kind::gather_param:
+        transient(mem_category::scratch, gather_scratch(e.param));
+        break;
+      case event_kind::export_params:
+        transient(mem_category::scratch, export_scratch_);
+        break;
     }
   }
 
@@ -313,7 +330,8 @@ class plan_walk {
     for (param_id p : pending_) {
       here_.what = 1;
       here_.param = p;
-      if (sharded(p)) transient(mem_category::scratch, 4 * layouts_[p].shard_numel);  // replicated: all-reduced in place
+      if (sharded(p))
+        transient(mem_category::scratch, 4 * layouts_[p].shard_numel);  // replicated: all-reduced in place
       ledger_.release(mem_category::grad_buckets, 4 * layouts_[p].padded_numel);
       full_grad_[p] = false;
     }

@@ -32,30 +32,44 @@
 
 namespace zshard::plan {
 
-enum class event_kind : std::uint8_t { open, close, begin_backward, end_backward, activations, gather_param, export_params };
+enum class event_kind : std::uint8_t {
+  open,
+  close,
+  begin_backward,
+  end_backward,
+  activations,
+  gather_param,
+  export_params
+};
 enum class scope_kind : std::uint8_t { forward, no_grad, recompute, backward };
 
 constexpr const char* to_string(scope_kind k) noexcept {
   switch (k) {
-    case scope_kind::forward: return "forward";
-    case scope_kind::no_grad: return "no_grad";
-    case scope_kind::recompute: return "recompute";
-    case scope_kind::backward: return "backward";
+    case scope_kind::forward:
+      return "forward";
+    case scope_kind::no_grad:
+      return "no_grad";
+    case scope_kind::recompute:
+      return "recompute";
+    case scope_kind::backward:
+      return "backward";
   }
   return "?";
 }
 
 // What the trace Prefetcher records for a scope: a backward is recorded as a counted use.
 constexpr use_kind use_of(scope_kind k) noexcept {
-  return k == scope_kind::no_grad ? use_kind::no_grad : k == scope_kind::recompute ? use_kind::recompute : use_kind::counted;
+  return k == scope_kind::no_grad     ? use_kind::no_grad
+         : k == scope_kind::recompute ? use_kind::recompute
+                                      : use_kind::counted;
 }
 
 struct schedule_event {
   event_kind kind = event_kind::open;
   scope_kind scope = scope_kind::forward;  // open, close (close: backward or not)
-  module_id module = 0;                     // open, close
-  param_id param = 0;                       // gather_param
-  std::size_t bytes = 0;                    // activations
+  module_id module = 0;                    // open, close
+  param_id param = 0;                      // gather_param
+  std::size_t bytes = 0;                   // activations
 
   static schedule_event open(module_id m, scope_kind k) { return {event_kind::open, k, m, 0, 0}; }
   static schedule_event close(module_id m, scope_kind k) { return {event_kind::close, k, m, 0, 0}; }
@@ -106,8 +120,9 @@ struct step_program {
           const bool begin = e.kind == event_kind::begin_backward;
           ZSHARD_REQUIRE(depth == 0, error_kind::config,
                          at + (begin ? "begin_backward" : "end_backward") + " with module scopes still open");
-          ZSHARD_REQUIRE(in_backward != begin, error_kind::config,
-                         at + (begin ? "begin_backward twice without end_backward" : "end_backward without begin_backward"));
+          ZSHARD_REQUIRE(
+              in_backward != begin, error_kind::config,
+              at + (begin ? "begin_backward twice without end_backward" : "end_backward without begin_backward"));
           in_backward = begin;
           backwards += !begin;
           break;
@@ -117,11 +132,12 @@ struct step_program {
                          at + "gather_param of parameter id " + std::to_string(e.param) + " which does not exist");
           break;
         case event_kind::activations:
-        case event_kind::export_params: break;
+        case event_kind::export_params:
+          break;
       }
     }
-    ZSHARD_REQUIRE(depth == 0 && !in_backward, error_kind::config,
-                   who + "ends with scopes open or inside backward", "close every scope and call end_backward()");
+    ZSHARD_REQUIRE(depth == 0 && !in_backward, error_kind::config, who + "ends with scopes open or inside backward",
+                   "close every scope and call end_backward()");
     ZSHARD_REQUIRE(backwards > 0, error_kind::config, who + "runs no backward",
                    "a step needs at least one begin_backward()/end_backward() (eng.step() refuses otherwise)");
   }
@@ -177,10 +193,18 @@ step_report run_program(Engine& eng, const step_program& program, Probe&& probe 
         probe(eng, e);
         break;
       }
-      case event_kind::begin_backward: eng.begin_backward(); break;
-      case event_kind::end_backward: eng.end_backward(); break;
-      case event_kind::activations: eng.report_activations(e.bytes); break;
-      case event_kind::gather_param: (void)eng.gather_param(e.param); break;
+      case event_kind::begin_backward:
+        eng.begin_backward();
+        break;
+      case event_kind::end_backward:
+        eng.end_backward();
+        break;
+      case event_kind::activations:
+        eng.report_activations(e.bytes);
+        break;
+      case event_kind::gather_param:
+        (void)eng.gather_param(e.param);
+        break;
       case event_kind::export_params:
         for (param_id p = 0; p < eng.spec().params().size(); ++p) (void)eng.gather_param(p);
         break;

@@ -24,11 +24,11 @@
 namespace zshard::plan {
 
 struct segment {
-  std::vector<module_id> modules;      // forward order
-  std::size_t kept_bytes = 0;          // held from its forward until its backward is done
-  std::size_t recompute_bytes = 0;     // re-materialised by its recompute, until its backward is done
-  bool checkpointed = false;           // recomputed together right before the segment's backward
-  std::optional<module_id> parent{};   // a scope enclosing the segment's scopes (e.g. a block's own norms)
+  std::vector<module_id> modules;     // forward order
+  std::size_t kept_bytes = 0;         // held from its forward until its backward is done
+  std::size_t recompute_bytes = 0;    // re-materialised by its recompute, until its backward is done
+  bool checkpointed = false;          // recomputed together right before the segment's backward
+  std::optional<module_id> parent{};  // a scope enclosing the segment's scopes (e.g. a block's own norms)
 };
 
 class program_builder {
@@ -48,7 +48,8 @@ class program_builder {
     for (auto it = segments.rbegin(); it != segments.rend(); ++it) {
       if (it->checkpointed) run_segment(*it, scope_kind::recompute, it->recompute_bytes);
       if (it->parent) open(*it->parent, scope_kind::backward);
-      for (auto m = it->modules.rbegin(); m != it->modules.rend(); ++m) open(*m, scope_kind::backward).close(*m, scope_kind::backward);
+      for (auto m = it->modules.rbegin(); m != it->modules.rend(); ++m)
+        open(*m, scope_kind::backward).close(*m, scope_kind::backward);
       if (it->parent) close(*it->parent, scope_kind::backward);
       activations(held_ - it->kept_bytes - it->recompute_bytes);
     }

@@ -55,11 +55,16 @@ inline std::vector<std::string> words(const std::string& line) {
 }
 
 inline bool scope_word(const std::string& w, scope_kind& k) {
-  if (w == "forward") k = scope_kind::forward;
-  else if (w == "no_grad") k = scope_kind::no_grad;
-  else if (w == "recompute") k = scope_kind::recompute;
-  else if (w == "backward") k = scope_kind::backward;
-  else return false;
+  if (w == "forward")
+    k = scope_kind::forward;
+  else if (w == "no_grad")
+    k = scope_kind::no_grad;
+  else if (w == "recompute")
+    k = scope_kind::recompute;
+  else if (w == "backward")
+    k = scope_kind::backward;
+  else
+    return false;
   return true;
 }
 
@@ -91,10 +96,14 @@ inline schedule_file read_schedule_file(std::istream& in, const std::string& sou
     return v == "on";
   };
   auto type_of = [&](const std::string& v, dtype& t) {
-    if (v == "bf16") t = dtype::bf16;
-    else if (v == "f16") t = dtype::f16;
-    else if (v == "f32") t = dtype::f32;
-    else return false;
+    if (v == "bf16")
+      t = dtype::bf16;
+    else if (v == "f16")
+      t = dtype::f16;
+    else if (v == "f32")
+      t = dtype::f32;
+    else
+      return false;
     return true;
   };
   std::map<std::string, module_id> modules;
@@ -114,7 +123,8 @@ inline schedule_file read_schedule_file(std::istream& in, const std::string& sou
     if (w.empty()) continue;
     const std::string& k = w[0];
     if (!header) {
-      if (w.size() != 2 || k != "zshard-schedule" || w[1] != "1") fail("the first statement must be `zshard-schedule 1`");
+      if (w.size() != 2 || k != "zshard-schedule" || w[1] != "1")
+        fail("the first statement must be `zshard-schedule 1`");
       header = true;
       continue;
     }
@@ -139,7 +149,8 @@ inline schedule_file read_schedule_file(std::istream& in, const std::string& sou
         step->events.push_back(k == "open" ? schedule_event::open(m, sk) : schedule_event::close(m, sk));
       } else if (k == "begin_backward" || k == "end_backward") {
         need(1);
-        step->events.push_back(k == "begin_backward" ? schedule_event::begin_backward() : schedule_event::end_backward());
+        step->events.push_back(k == "begin_backward" ? schedule_event::begin_backward()
+                                                     : schedule_event::end_backward());
       } else if (k == "activations") {
         need(2);
         step->events.push_back(schedule_event::activations(count(w[1])));
@@ -196,10 +207,14 @@ inline schedule_file read_schedule_file(std::istream& in, const std::string& sou
       param_options o;
       for (std::size_t i = 3; i < w.size(); ++i) {
         dtype t{};
-        if (type_of(w[i], t)) o.type = t;
-        else if (w[i] == "frozen") o.trainable = false;
-        else if (w[i] == "no_decay") o.decay = false;
-        else fail("unknown parameter flag '" + w[i] + "' (bf16, f16, f32, frozen, no_decay)");
+        if (type_of(w[i], t))
+          o.type = t;
+        else if (w[i] == "frozen")
+          o.trainable = false;
+        else if (w[i] == "no_decay")
+          o.decay = false;
+        else
+          fail("unknown parameter flag '" + w[i] + "' (bf16, f16, f32, frozen, no_decay)");
       }
       try {
         const shape s = dims.size() == 1   ? shape{dims[0]}
@@ -297,12 +312,24 @@ inline void write_schedule_file(std::ostream& os, const model_spec& spec, const 
             os << "  open " << to_string(e.scope) << ' ' << spec.module(e.module).name << '\n';
           }
           break;
-        case event_kind::close: os << "  close " << to_string(e.scope) << ' ' << spec.module(e.module).name << '\n'; break;
-        case event_kind::begin_backward: os << "  begin_backward\n"; break;
-        case event_kind::end_backward: os << "  end_backward\n"; break;
-        case event_kind::activations: os << "  activations " << e.bytes << '\n'; break;
-        case event_kind::gather_param: os << "  gather_param " << spec.param(e.param).name << '\n'; break;
-        case event_kind::export_params: os << "  export\n"; break;
+        case event_kind::close:
+          os << "  close " << to_string(e.scope) << ' ' << spec.module(e.module).name << '\n';
+          break;
+        case event_kind::begin_backward:
+          os << "  begin_backward\n";
+          break;
+        case event_kind::end_backward:
+          os << "  end_backward\n";
+          break;
+        case event_kind::activations:
+          os << "  activations " << e.bytes << '\n';
+          break;
+        case event_kind::gather_param:
+          os << "  gather_param " << spec.param(e.param).name << '\n';
+          break;
+        case event_kind::export_params:
+          os << "  export\n";
+          break;
       }
     }
     os << "end\n";

@@ -29,8 +29,8 @@ struct seed_scenario {
   int world = 8;
   std::size_t device_budget = std::size_t{80} << 30;  // 80 GiB per rank
   int steps = 3;
-  activation_options activations{.micro_batch = 1, .seq_len = 4096, .checkpoint = true,
-                                 .activation_type = dtype::bf16, .micro_batches = 2};
+  activation_options activations{
+      .micro_batch = 1, .seq_len = 4096, .checkpoint = true, .activation_type = dtype::bf16, .micro_batches = 2};
 
   transformer_model model() const { return build_transformer_hooks(shape); }
   step_program program(const transformer_model& m) const { return transformer_hook_program(m, activations); }

@@ -28,8 +28,8 @@ struct traced_scope {
 // positions that use it (compressed rows).
 struct trace_index {
   std::vector<traced_scope> scopes;
-  std::vector<std::size_t> prefix;      // prefix[i]: gathered elements of scopes before i
-  std::vector<std::size_t> use_begin;   // uses of p: use_pos[use_begin[p] .. use_begin[p + 1])
+  std::vector<std::size_t> prefix;     // prefix[i]: gathered elements of scopes before i
+  std::vector<std::size_t> use_begin;  // uses of p: use_pos[use_begin[p] .. use_begin[p + 1])
   std::vector<std::size_t> use_pos;
 
   void build(std::vector<traced_scope> s, const model_spec& spec, const std::vector<std::size_t>& module_numel) {

@@ -43,7 +43,8 @@ std::vector<std::string> step_boundary_violations(const Engine& eng) {
       v.push_back("parameter '" + spec.param(p).name + "' still gathered (I4)");
     }
     if (s.full_grad) v.push_back("parameter '" + spec.param(p).name + "' still holds a full gradient (I3)");
-    if (eng.residency_state().pins(p) != 0 || eng.residency_state().holds(p) != 0) v.push_back("parameter '" + spec.param(p).name + "' still pinned or held (I2)");
+    if (eng.residency_state().pins(p) != 0 || eng.residency_state().holds(p) != 0)
+      v.push_back("parameter '" + spec.param(p).name + "' still pinned or held (I2)");
   }
   if (scanned != eng.resident_numel()) v.push_back("resident elements by scan and by set disagree (I5)");
   if (eng.reducer().pending_numel() != 0) v.push_back("the Reducer still has gradients pending (I6)");
@@ -119,7 +120,8 @@ std::vector<std::string> memory_bound_violations(const Engine& eng) {
   if (l.peak(mem_category::grad_buckets) > bucket_bound)
     v.push_back("full gradients peaked at " + std::to_string(l.peak(mem_category::grad_buckets)) +
                 " bytes, above one bucket, the gradients waiting for later uses and those of the open backward "
-                "scopes = " + std::to_string(bucket_bound) + " (I6)");
+                "scopes = " +
+                std::to_string(bucket_bound) + " (I6)");
   return v;
 }
 
@@ -145,14 +147,13 @@ inline double max_relative_difference(const std::vector<std::vector<float>>& a,
 
 // doctest-flavoured wrappers, available when doctest is included first.
 #ifdef DOCTEST_VERSION
-#define ZSHARD_CHECK_STEP_INVARIANTS(eng)                                          \
-  do {                                                                             \
+#define ZSHARD_CHECK_STEP_INVARIANTS(eng)                                                 \
+  do {                                                                                    \
     for (const auto& zshard_violation : ::zshard::testing::step_boundary_violations(eng)) \
-      FAIL_CHECK(zshard_violation);                                                \
+      FAIL_CHECK(zshard_violation);                                                       \
   } while (0)
-#define ZSHARD_CHECK_MEMORY_BOUNDS(eng)                                            \
-  do {                                                                             \
-    for (const auto& zshard_violation : ::zshard::testing::memory_bound_violations(eng)) \
-      FAIL_CHECK(zshard_violation);                                                \
+#define ZSHARD_CHECK_MEMORY_BOUNDS(eng)                                                                                \
+  do {                                                                                                                 \
+    for (const auto& zshard_violation : ::zshard::testing::memory_bound_violations(eng)) FAIL_CHECK(zshard_violation); \
   } while (0)
 #endif

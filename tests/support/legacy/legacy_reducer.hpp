@@ -73,7 +73,8 @@ class copying_reducer {
       float* full = at(offset);
       offset += s.layout.padded_numel;
       if (s.layout.replicated) {
-        comm_.all_reduce(full, full, s.layout.numel, dtype::f32, reduce_op::average, streams.collective_on(stream_role::reduce));
+        comm_.all_reduce(full, full, s.layout.numel, dtype::f32, reduce_op::average,
+                         streams.collective_on(stream_role::reduce));
         sink.accumulate_grad(p, full, s.layout.numel, reduce);
       } else {
         buffer<Backend> shard(store_.backend(), dtype::f32, s.layout.shard_numel, mem_category::scratch, reduce);

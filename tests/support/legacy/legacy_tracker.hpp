@@ -36,9 +36,7 @@ class tracker : public track::use_counter {
   }
 
   // Held while the drifting counter says a backward is still to come: always, once drifted.
-  bool keeps_gathered(module_id m) const noexcept {
-    return phase() == step_phase::backward && drifting_[m] > 0;
-  }
+  bool keeps_gathered(module_id m) const noexcept { return phase() == step_phase::backward && drifting_[m] > 0; }
 
   std::int64_t drifting_count(module_id m) const noexcept { return drifting_[m]; }
 
