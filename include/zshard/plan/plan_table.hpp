@@ -68,6 +68,9 @@ inline void print_ledger(std::ostream& os, const std::string& title, const ledge
 inline void print_plan(std::ostream& os, const memory_plan& plan, const memory_ledger* measured_device = nullptr,
                        const memory_ledger* measured_host = nullptr) {
   detail::print_ledger(os, "device", plan.device, measured_device);
+  if (const std::size_t extra = plan.overheads.total(plan.device.total_peak); extra > 0)
+    os << "  + what the GPU holds beside the ledger (context, NCCL, pool, workspaces): "
+       << format_bytes(double(extra)) << "; device total " << format_bytes(double(plan.device_total())) << '\n';
   if (plan.host.total_peak > 0 || measured_host) detail::print_ledger(os, "host", plan.host, measured_host);
 }
 
