@@ -3,8 +3,16 @@
 // (cudaMallocFromPoolAsync) that keeps freed memory reserved, so a steady-state step never
 // calls cudaMalloc or cudaFree; every byte is charged to the ledger first, exactly as on the
 // host backend. Work is ordered by four streams, one per role (compute, gather, reduce, host
-// copies), and events between them; nothing blocks the host except synchronize() and
-// grad_stats_of(), whose result the host needs.
+// copies), and events between them; nothing blocks the host except synchronize(), wait_host()
+// and grad_stats_of(), whose result the host needs.
+//
+// Host waits never block inside the driver (core/host_wait.hpp): they poll the stream or event
+// and, between polls, run the checks registered in watch() (the engine registers its
+// communicators' NCCL error and cancellation checks there) and the sync_timeout deadline. A copy
+// to or from pageable host memory, which the driver would perform synchronously behind every
+// queued kernel, first waits for its stream that way, so a hung collective ahead of it turns
+// into an error instead of a hang. Teardown never waits: streams and the pool are released
+// once their pending work drains (CUDA defers the release itself).
 //
 // Streams: make_stream() hands out the *compute* stream, so an engine with overlap off
 // (engine_config::overlap) runs everything in one in-order queue, correct without any event.
@@ -31,6 +39,7 @@
 #include "zshard/backend/cuda_check.hpp"
 #include "zshard/backend/cuda_kernels.cuh"
 #include "zshard/backend/cuda_pinned.hpp"
+#include "zshard/core/host_wait.hpp"
 
 namespace zshard {
 
@@ -42,8 +51,9 @@ struct cuda_backend_options {
   // Freed bytes the pool keeps reserved instead of returning to the driver. The default keeps
   // all, which is what makes the steady state free of cudaMalloc/cudaFree.
   std::uint64_t pool_release_threshold = std::numeric_limits<std::uint64_t>::max();
-  // synchronize() polls the stream and throws error_kind::backend after this long, so a stream
-  // stuck behind a hung collective becomes an error instead of a silent hang. 0: wait forever.
+  // Host waits (synchronize, wait_host, copies to pageable memory) poll and throw
+  // error_kind::backend after this long, so a stream stuck behind a hung collective becomes an
+  // error instead of a silent hang. 0: no deadline (the watch's checks still run).
   std::chrono::milliseconds sync_timeout{300'000};
 };
 
@@ -121,7 +131,9 @@ class cuda_backend {
   }
   cuda_backend(const cuda_backend&) = delete;
   cuda_backend& operator=(const cuda_backend&) = delete;
-  // Every buffer must be gone before the backend; pending work is drained first.
+  // Every buffer must be gone before the backend. Pending work is not waited for: a stream stuck
+  // behind a failed collective would hold teardown forever (CUDA releases streams and the pool
+  // once their work drains; abort the communicator to make its kernels return).
   ~cuda_backend() { destroy(); }
 
   int device() const noexcept { return opts_.device; }
@@ -131,6 +143,9 @@ class cuda_backend {
   // Pinned host memory (offloaded optimizer state, staging for host copies), with its own ledger.
   cuda_pinned_memory& pinned() noexcept { return pinned_; }
   cudaMemPool_t pool() const noexcept { return pool_; }
+  // Checks every host wait of this backend runs between polls (see the header comment).
+  wait_watch& watch() noexcept { return watch_; }
+  const wait_watch& watch() const noexcept { return watch_; }
 
   // ---- memory ------------------------------------------------------------------------------
   // Without a stream: in the compute stream's order (see the header comment).
@@ -159,7 +174,8 @@ class cuda_backend {
   // by the next allocate(), synchronize() or grad_stats_of().
   void deallocate(void* p, std::size_t bytes, mem_category c, const stream& s) noexcept {
     if (!p) return;
-    const cudaError_t status = cudaFreeAsync(p, s.handle());
+    cudaError_t status = ensure_device_status();
+    if (status == cudaSuccess) status = cudaFreeAsync(p, s.handle());
     if (status != cudaSuccess && deferred_.empty())
       deferred_ = "cudaFreeAsync(" + std::to_string(bytes) + " bytes of " + std::string(to_string(c)) +
                   ") failed: " + cuda::describe(status);
@@ -182,8 +198,14 @@ class cuda_backend {
     ZSHARD_CUDA_CHECK(cudaEventCreate(&e));
     return event(e);
   }
-  void record(event& e, const stream& s) { ZSHARD_CUDA_CHECK(cudaEventRecord(e.handle(), s.handle())); }
-  void wait(const stream& s, const event& e) { ZSHARD_CUDA_CHECK(cudaStreamWaitEvent(s.handle(), e.handle(), 0)); }
+  void record(event& e, const stream& s) {
+    ensure_device();
+    ZSHARD_CUDA_CHECK(cudaEventRecord(e.handle(), s.handle()));
+  }
+  void wait(const stream& s, const event& e) {
+    ensure_device();
+    ZSHARD_CUDA_CHECK(cudaStreamWaitEvent(s.handle(), e.handle(), 0));
+  }
   // Has everything before the event's record completed? Never blocks.
   bool ready(const event& e) const {
     const cudaError_t status = cudaEventQuery(e.handle());
@@ -197,43 +219,41 @@ class cuda_backend {
     return ms;
   }
 
-  // Waits for s, polling so that a stream stuck behind a hung collective turns into an error
-  // after options().sync_timeout instead of blocking forever.
+  // Waits for s, polling (never cudaStreamSynchronize, which nothing can interrupt): the
+  // watch's checks run between polls, and after options().sync_timeout it throws.
   void synchronize(const stream& s) {
     rethrow_deferred();
-    if (opts_.sync_timeout.count() <= 0) return ZSHARD_CUDA_CHECK(cudaStreamSynchronize(s.handle()));
-    const auto start = std::chrono::steady_clock::now();
-    for (int spins = 0;; ++spins) {
-      const cudaError_t status = cudaStreamQuery(s.handle());
-      if (status == cudaSuccess) return;
-      if (status != cudaErrorNotReady) cuda::check(status, "cudaStreamQuery (synchronize)");
-      const auto waited = std::chrono::steady_clock::now() - start;
-      if (waited > opts_.sync_timeout)
-        throw error(error_kind::backend,
-                    "synchronize: stream on device " + std::to_string(opts_.device) + " did not finish within " +
-                        std::to_string(opts_.sync_timeout.count()) + " ms",
-                    "a collective on this stream may be waiting for a rank that failed or skipped it; raise "
-                    "cuda_backend_options::sync_timeout if the queued work is legitimately that long");
-      // Spin briefly (most waits are microseconds), then give the core back.
-      if (spins < 2000) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    const std::string what = "synchronize: stream on device " + std::to_string(opts_.device);
+    poll_until([&] { return done(cudaStreamQuery(s.handle()), "cudaStreamQuery (synchronize)"); }, limits(), what,
+               [&] { return timeout_error(what); });
+  }
+  // The host waits for everything before e's record, polling like synchronize().
+  void wait_host(const event& e) {
+    rethrow_deferred();
+    const std::string what = "wait_host: event on device " + std::to_string(opts_.device);
+    poll_until([&] { return done(cudaEventQuery(e.handle()), "cudaEventQuery (wait_host)"); }, limits(), what,
+               [&] { return timeout_error(what); });
   }
   void synchronize_all() {
     for (std::size_t r = 0; r < stream_role_count; ++r) synchronize(stream(streams_[r]));
   }
 
   // ---- data movement -----------------------------------------------------------------------
-  // Any direction (host<->device, device<->device). From pageable host memory the source is
-  // staged before this returns; into pageable host memory the copy completes before it returns.
-  // Pinned host memory (pinned()) makes both truly asynchronous: then synchronize before reading.
+  // Any direction (host<->device, device<->device). With pageable host memory on either side
+  // the driver copies synchronously behind s's queued work, so s is first waited for by
+  // polling (synchronize: watch, timeout); the copy has then completed (into pageable memory)
+  // or been staged (from it) when this returns. Pinned host memory (pinned()) makes both truly
+  // asynchronous: then wait for s (or an event after the copy) before reading.
   void copy(void* dst, const void* src, std::size_t bytes, const stream& s) {
     if (bytes == 0) return;
+    ensure_device();
+    if (pageable_host(dst) || pageable_host(src)) synchronize(s);
     cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s.handle()),
                 "cudaMemcpyAsync(" + std::to_string(bytes) + " bytes)");
   }
   void fill_zero(void* dst, std::size_t bytes, const stream& s) {
     if (bytes == 0) return;
+    ensure_device();
     cuda::check(cudaMemsetAsync(dst, 0, bytes, s.handle()), "cudaMemsetAsync(" + std::to_string(bytes) + " bytes)");
   }
   void fill(void* dst, dtype t, std::size_t n, float value, const stream& s) {
@@ -306,6 +326,28 @@ class cuda_backend {
   }
   void ensure_device() const { cuda::ensure_device(opts_.device); }
 
+  wait_limits limits() const noexcept { return {opts_.sync_timeout, &watch_, nullptr}; }
+  // A query's answer: finished (true), not yet (false), or a device error (throws).
+  static bool done(cudaError_t status, const char* call) {
+    if (status == cudaErrorNotReady) return false;
+    cuda::check(status, call);
+    return true;
+  }
+  error timeout_error(const std::string& what) const {
+    return error(error_kind::backend, what + " did not finish within " + std::to_string(opts_.sync_timeout.count()) + " ms",
+                 "a collective on this stream may be waiting for a rank that failed or skipped it; raise "
+                 "cuda_backend_options::sync_timeout if the queued work is legitimately that long");
+  }
+  // Host memory the driver does not know (malloc, the stack): copies with it are synchronous.
+  static bool pageable_host(const void* p) noexcept {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return true;
+    }
+    return a.type == cudaMemoryTypeUnregistered;
+  }
+
   void launched(cudaError_t status, const std::string& what, std::size_t n) const {
     if (status != cudaSuccess)
       throw cuda::make_error(status, what + " kernel launch (" + std::to_string(n) + " elements, device " +
@@ -352,19 +394,12 @@ class cuda_backend {
     return r;
   }
 
-  // Bounded like synchronize(): a stream stuck behind a hung collective is leaked, not waited
-  // on forever (the caller is already unwinding from the error that reported it).
+  // Never waits: cudaStreamDestroy and cudaMemPoolDestroy return at once and release their
+  // resources when pending work (a collective that an abort will end) has drained.
   void destroy() noexcept {
+    (void)ensure_device_status();
     for (cudaStream_t& st : streams_) {
-      if (!st) continue;
-      const auto start = std::chrono::steady_clock::now();
-      cudaError_t status = cudaErrorNotReady;
-      for (int spins = 0; status == cudaErrorNotReady; ++spins) {
-        status = cudaStreamQuery(st);
-        if (opts_.sync_timeout.count() > 0 && std::chrono::steady_clock::now() - start > opts_.sync_timeout) break;
-        if (status == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(spins < 100 ? 1 : 100));
-      }
-      if (status != cudaErrorNotReady) (void)cudaStreamDestroy(st);
+      if (st) (void)cudaStreamDestroy(st);
       st = nullptr;
     }
     if (pool_) (void)cudaMemPoolDestroy(pool_);  // outstanding blocks (a leak) are released when freed
@@ -377,6 +412,7 @@ class cuda_backend {
   cudaMemPool_t pool_ = nullptr;
   cudaStream_t streams_[stream_role_count] = {};
   std::string deferred_;
+  wait_watch watch_;
 };
 
 static_assert(check_backend<cuda_backend>());

@@ -17,6 +17,13 @@
 // that never arrives turns into zshard::error(error_kind::comm) after options().timeout, and
 // the communicator is aborted (ncclCommAbort): never a silent hang. The communicator is
 // created non-blocking for the same reason: initialisation waiting for absent ranks times out.
+// Waits outside the communicator (cuda_backend::synchronize, copies to the host) reach the same
+// checks through poll_health(), which the engine registers in the backend's wait_watch.
+//
+// Teardown aborts instead of waiting when anything went wrong: a failed or cancelled
+// communicator, or one destroyed while an exception unwinds (its peers may wait for
+// collectives it will never issue). A failure sets options().report_failure, which
+// run_nccl_ranks shares as every rank's cancel flag, so the peers stop at their next poll.
 //
 // Differences from the contract in communicator.hpp, inherent to NCCL: reductions run in
 // NCCL's order (ring/tree), not rank order, and bf16/f16 accumulate in their own type, so
@@ -56,6 +63,9 @@ struct nccl_options {
   // When set (run_nccl_ranks sets it when a rank thread fails), a rank waiting on a collective
   // aborts at once instead of waiting out the timeout.
   const std::atomic<bool>* cancel = nullptr;
+  // Set to true when this communicator fails or is aborted (run_nccl_ranks points it at the
+  // flag every rank reads as `cancel`), so peers stop waiting for it at once.
+  std::atomic<bool>* report_failure = nullptr;
 };
 
 namespace nccl_detail {
@@ -137,6 +147,7 @@ class nccl_comm {
     for (int r = 0; r < n; ++r) comms.push_back(nccl_comm(adopt{}, r, n, devices[static_cast<std::size_t>(r)], opts));
     ncclConfig_t config = nccl_detail::nonblocking_config();
     const std::string what = "ncclCommInitRankConfig (create_local, " + std::to_string(n) + " devices)";
+    const device_restorer restore;  // the caller's current device, as it was
     try {
       ncclResult_t r = ncclGroupStart();
       for (int q = 0; q < n && (r == ncclSuccess || r == ncclInProgress); ++q) {
@@ -168,7 +179,7 @@ class nccl_comm {
   // Flushes and finalises (bounded by the timeout); aborts instead when the communicator has
   // failed or a peer was cancelled, because finalising then waits for ranks that are gone.
   // Several ranks driven from one thread: call finalize_all() on them first.
-  ~nccl_comm() { release(!aborted_ && !cancelled()); }
+  ~nccl_comm() { release(!aborted_ && !cancelled() && std::uncaught_exceptions() == 0); }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -177,6 +188,8 @@ class nccl_comm {
   const nccl_options& options() const noexcept { return opts_; }
   void set_completion(nccl_completion c) noexcept { opts_.completion = c; }
   bool aborted() const noexcept { return aborted_; }
+  // True when a wait ended because a peer failed (options().cancel), not through this rank's fault.
+  bool stopped_by_peer() const noexcept { return stopped_by_peer_; }
 
   // The stream a collective given `s` runs on: s itself, or the communicator's own stream when
   // s names none. s must belong to device(); the caller orders other streams with events.
@@ -241,6 +254,23 @@ class nccl_comm {
   // Waits until everything enqueued on stream_of(s) has finished (with timeout and error checks).
   void synchronize(comm_stream s = {}) { wait_stream("synchronize", stream_of(s)); }
 
+  // Throws error_kind::comm (and aborts) when the communicator has failed: aborted earlier, an
+  // asynchronous NCCL error, or a peer cancelled (options().cancel). Never blocks: what other
+  // host waits run between polls (cuda_backend::watch(), registered by the engine). Call it
+  // from the thread that uses the communicator.
+  void poll_health(const std::string& what = "waiting on the host") {
+    check_usable(what);
+    check_async(what);
+    if (cancelled()) {
+      stopped_by_peer_ = true;
+      fail_waiting(what, "aborted because a peer rank failed", "the first failure is the root cause: fix that one");
+    }
+  }
+
+  // Test seam: the next polls see `r` as NCCL's asynchronous error, as if the network or a
+  // peer had failed. Lets GPU tests prove that every host wait stops on an NCCL error.
+  void inject_async_error_for_testing(ncclResult_t r) noexcept { injected_ = r; }
+
   // Collectives between group_start() and group_end() are launched together (one NCCL launch
   // for several tensors); they complete, or are waited for, at group_end(). Nestable.
   void group_start() {
@@ -263,7 +293,9 @@ class nccl_comm {
   // Flushes and destroys several communicators together, since finalising one rank may wait
   // for its peers (one thread finalising them one by one would wait on itself). A communicator
   // that does not finish within its timeout, or fails, is aborted instead. Idempotent.
+  // The caller's current device is restored.
   static void finalize_all(std::span<nccl_comm> comms) noexcept {
+    const device_restorer restore;
     std::vector<int> state(comms.size(), 0);  // 0 pending, 1 finalised, -1 abort
     for (std::size_t i = 0; i < comms.size(); ++i) {
       nccl_comm& c = comms[i];
@@ -310,6 +342,19 @@ class nccl_comm {
   }
 
  private:
+  // Puts the calling thread's current device back when it leaves scope.
+  struct device_restorer {
+    int device = -1;
+    device_restorer() noexcept {
+      if (cudaGetDevice(&device) != cudaSuccess) device = -1;
+    }
+    ~device_restorer() {
+      if (device >= 0) (void)cudaSetDevice(device);
+    }
+    device_restorer(const device_restorer&) = delete;
+    device_restorer& operator=(const device_restorer&) = delete;
+  };
+
   struct adopt {};
   nccl_comm(adopt, int rank, int nranks, int device, nccl_options opts)
       : rank_(rank), size_(nranks), device_(device), opts_(opts) {
@@ -337,6 +382,8 @@ class nccl_comm {
     group_depth_ = std::exchange(o.group_depth_, 0);
     aborted_ = std::exchange(o.aborted_, false);
     reason_ = std::move(o.reason_);
+    injected_ = std::exchange(o.injected_, ncclSuccess);
+    stopped_by_peer_ = std::exchange(o.stopped_by_peer_, false);
   }
 
   void release(bool graceful) noexcept {
@@ -353,6 +400,7 @@ class nccl_comm {
   bool cancelled() const noexcept { return opts_.cancel && opts_.cancel->load(std::memory_order_relaxed); }
 
   void abort_now() noexcept {
+    if (opts_.report_failure) opts_.report_failure->store(true);
     aborted_ = true;
     if (comm_) (void)ncclCommAbort(comm_);  // also makes NCCL kernels in flight return
     comm_ = nullptr;
@@ -400,6 +448,7 @@ class nccl_comm {
 
   // Times out or honours a cancellation while waiting on `what`.
   void check_deadline(const std::string& what, std::chrono::steady_clock::time_point start) {
+    if (cancelled()) stopped_by_peer_ = true;
     if (cancelled())
       fail_waiting(what, "aborted because a peer rank failed", "the first failure is the root cause: fix that one");
     if (std::chrono::steady_clock::now() - start > opts_.timeout)
@@ -449,13 +498,19 @@ class nccl_comm {
         abort_now();
         throw cuda::make_error(q, "cudaStreamQuery (waiting for " + what + where() + ")");
       }
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-      if (r != ncclSuccess) fail(what + " (ncclCommGetAsyncError)", r);
-      if (state != ncclSuccess && state != ncclInProgress) fail(what, state);
+      check_async(what);
       check_deadline(what, start);
       nccl_detail::back_off(spins);
     }
+  }
+
+  // Fails (aborting) on an asynchronous NCCL error, a real one or one injected for a test.
+  void check_async(const std::string& what) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) fail(what + " (ncclCommGetAsyncError)", r);
+    if (injected_ != ncclSuccess) state = injected_;
+    if (state != ncclSuccess && state != ncclInProgress) fail(what, state);
   }
 
   ncclComm_t comm_ = nullptr;
@@ -467,18 +522,24 @@ class nccl_comm {
   int group_depth_ = 0;
   bool aborted_ = false;
   std::string reason_;
+  ncclResult_t injected_ = ncclSuccess;  // inject_async_error_for_testing
+  bool stopped_by_peer_ = false;
 };
 
 static_assert(check_communicator<nccl_comm>());
 
 // Runs fn(nccl_comm&) on one thread per device, rank i on devices[i] (single-process
 // multi-GPU), and joins them. If a rank throws, the others stop waiting at once and the
-// first failure is rethrown here, as run_ranks does for thread ranks.
+// first failure is rethrown here, as run_ranks does for thread ranks: a failing communicator
+// raises the shared flag when it aborts (report_failure), the failing thread aborts its own
+// communicator as soon as it catches, and every peer polls the flag in each wait (theirs, and
+// the backend's through poll_health), then aborts its own communicator.
 template <class F>
 void run_nccl_ranks(std::span<const int> devices, F&& fn, nccl_options opts = {}) {
   std::atomic<bool> failed{false};
   std::atomic<int> first{-1};
   opts.cancel = &failed;
+  opts.report_failure = &failed;
   std::vector<nccl_comm> comms = nccl_comm::create_local(devices, opts);
   std::vector<std::exception_ptr> errors(devices.size());
   std::vector<std::thread> threads;
@@ -493,6 +554,7 @@ void run_nccl_ranks(std::span<const int> devices, F&& fn, nccl_options opts = {}
         int none = -1;
         first.compare_exchange_strong(none, static_cast<int>(r));
         failed.store(true);
+        comms[r].abort("rank " + std::to_string(r) + " of run_nccl_ranks failed");  // its own: this thread's
       }
     });
   }
@@ -501,6 +563,11 @@ void run_nccl_ranks(std::span<const int> devices, F&& fn, nccl_options opts = {}
     for (auto& c : comms) c.abort("a rank of run_nccl_ranks failed");
   else
     nccl_comm::finalize_all(comms);
+  // The root cause: the first rank to fail that was not merely stopped by a peer's failure.
+  if (const int f = first.load(); f >= 0 && !comms[static_cast<std::size_t>(f)].stopped_by_peer())
+    std::rethrow_exception(errors[static_cast<std::size_t>(f)]);
+  for (std::size_t r = 0; r < devices.size(); ++r)
+    if (errors[r] && !comms[r].stopped_by_peer()) std::rethrow_exception(errors[r]);
   if (const int f = first.load(); f >= 0) std::rethrow_exception(errors[static_cast<std::size_t>(f)]);
 }
 

@@ -79,6 +79,16 @@ class worker_pool {
     post(count, body);
   }
 
+  // Whether no started job is still running (never blocks): a caller with queued work can
+  // start the next job when this says so, and otherwise go on.
+  bool idle() {
+    if (!in_flight_) return true;
+    std::lock_guard lock(mu_);
+    if (active_ != 0) return false;
+    in_flight_ = false;
+    return true;
+  }
+
   // Returns once the current job (if any) has finished on every helper.
   void wait() {
     if (!in_flight_) return;

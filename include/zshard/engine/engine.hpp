@@ -66,35 +66,58 @@ class engine {
   // ordered on it. Default: the backend's compute stream.
   engine(Backend& backend, Comm& comm, model_spec spec, engine_config cfg,
          std::optional<stream_type> compute = std::nullopt)
+      : engine(backend, comm, comm, std::move(spec), std::move(cfg), std::move(compute)) {}
+  // With a second communicator over the same ranks for gradient reductions (the Reducer's
+  // reduce-scatters and all-reduces): NCCL runs one communicator's collectives in issue order
+  // whatever their streams, so on one communicator a gather waits for the reduction issued
+  // before it, which waits for backward. On their own communicator, reductions run beside the
+  // gathers, ordered only by the role streams (state/stream_roles.hpp). `reduce_comm` may be
+  // `comm` itself (the default above); it must have comm's rank and size, and every rank must
+  // make the same choice. Build it with ncclCommSplit or a second communicator of the world.
+  // With NCCL, set NCCL_LAUNCH_ORDER_IMPLICIT=1 when two communicators per GPU are in flight.
+  engine(Backend& backend, Comm& comm, Comm& reduce_comm, model_spec spec, engine_config cfg,
+         std::optional<stream_type> compute = std::nullopt)
       : backend_(backend),
         comm_(comm),
+        reduce_comm_(checked_reduce_comm(comm, reduce_comm)),
         spec_(validated(std::move(spec))),
         cfg_(validated(std::move(cfg), comm.rank())),
         layouts_(make_layouts()),
         store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap, compute ? &*compute : nullptr),
         offloader_(store_, comm, cfg_.adamw, cfg_.offload),
-        reducer_(store_, comm, cfg_.reduce),
+        reducer_(store_, reduce_comm_, cfg_.reduce),
         residency_(store_, comm, prefetcher_, cfg_.prefetch),
         scaler_(cfg_.loss_scale),
-        lr_(cfg_.adamw.lr) {
-    check_same_model_on_every_rank();
-    check_module_sizes();
-    tracker_.reset(spec_);
-    prefetcher_.reset(spec_, layouts_, cfg_.prefetch, cfg_.log);
-    initialize_parameters();
-    publish_shards();
-    completed_.reserve(spec_.params().size());
+        lr_(cfg_.adamw.lr),
+        watching_(watch_communicators()) {
+    try {
+      check_same_model_on_every_rank();
+      check_module_sizes();
+      tracker_.reset(spec_);
+      prefetcher_.reset(spec_, layouts_, cfg_.prefetch, cfg_.log);
+      initialize_parameters();
+      publish_shards();
+      completed_.reserve(spec_.params().size());
+    } catch (...) {
+      if (watching_) unwatch_communicators();  // no destructor runs: the check must not outlive this
+      throw;
+    }
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
   // Waits for work still queued on the role streams (a gather ahead, say), so that no buffer
-  // is freed under it.
+  // is freed under it. Destroyed while an exception unwinds, or broken, the engine aborts its
+  // communicators first where they can abort (NCCL): its peers may be waiting for collectives
+  // it will never issue, and its own queued collectives for theirs; waiting would hang.
   ~engine() {
+    const bool failing = std::uncaught_exceptions() > uncaught_at_construction_ || broken_;
+    if (failing) abort_communicators("an engine was destroyed while an exception was in flight");
     try {
       store_.streams().synchronize_all();
     } catch (...) {
       // already failed (a collective timed out, a device error): the backend reports it again
     }
+    if (watching_) unwatch_communicators();
     if (activation_bytes_) backend_.ledger().release(mem_category::activations, activation_bytes_);
   }
 
@@ -228,6 +251,9 @@ class engine {
   const shard_layout& layout(param_id p) const noexcept { return layouts_[p]; }
   Backend& backend() noexcept { return backend_; }
   Comm& comm() noexcept { return comm_; }
+  // The communicator of gradient reductions: comm() unless the engine was given another.
+  Comm& reduce_comm() noexcept { return reduce_comm_; }
+  bool separate_reduce_comm() const noexcept { return &reduce_comm_ != &comm_; }
   const memory_ledger& ledger() const noexcept { return backend_.ledger(); }
   const param_store<Backend>& store() const noexcept { return store_; }
   const residency<Backend, Comm, prefetcher_type>& residency_state() const noexcept { return residency_; }
@@ -244,6 +270,46 @@ class engine {
   friend scope;
 
   // ---- construction --------------------------------------------------------------------------
+  static Comm& checked_reduce_comm(Comm& comm, Comm& reduce) {
+    ZSHARD_REQUIRE(reduce.rank() == comm.rank() && reduce.size() == comm.size(), error_kind::config,
+                   "the reduce communicator is rank " + std::to_string(reduce.rank()) + " of " +
+                       std::to_string(reduce.size()) + ", the engine's communicator rank " +
+                       std::to_string(comm.rank()) + " of " + std::to_string(comm.size()),
+                   "give reductions a communicator over the same ranks in the same order (ncclCommSplit with one "
+                   "colour and key = rank, or a second communicator of the same world)");
+    return reduce;
+  }
+
+  // Every host wait of the backend (synchronize, copies to the host) also checks the
+  // communicators' health, where both sides support it (cuda_backend + nccl_comm): a peer's
+  // failure or an NCCL error ends the wait at once instead of after the backend's timeout.
+  static constexpr bool can_watch =
+      requires(Backend& b, Comm& c) {
+        { b.watch().add([] {}) } -> std::convertible_to<std::size_t>;
+        b.watch().remove(std::size_t{});
+        c.poll_health();
+      };
+  bool watch_communicators() {
+    if constexpr (can_watch) {
+      watch_handle_ = backend_.watch().add([this] {
+        comm_.poll_health();
+        if (separate_reduce_comm()) reduce_comm_.poll_health();
+      });
+      return true;
+    } else {
+      return false;
+    }
+  }
+  void unwatch_communicators() noexcept {
+    if constexpr (can_watch) backend_.watch().remove(watch_handle_);
+  }
+  void abort_communicators(const std::string& why) noexcept {
+    if constexpr (requires(Comm& c) { c.abort(why); }) {
+      comm_.abort(why);
+      if (separate_reduce_comm()) reduce_comm_.abort(why);
+    }
+  }
+
   static model_spec validated(model_spec s) {
     s.validate();
     return s;
@@ -429,6 +495,8 @@ class engine {
 
   Backend& backend_;
   Comm& comm_;
+  Comm& reduce_comm_;  // comm_ unless a second communicator was given
+  const int uncaught_at_construction_ = std::uncaught_exceptions();
   const model_spec spec_;
   const engine_config cfg_;
   [[no_unique_address]] partitioner_type partitioner_{};
@@ -449,6 +517,8 @@ class engine {
   std::vector<param_id> ahead_;
   std::vector<swept_use> swept_;
   std::exception_ptr broken_;
+  std::size_t watch_handle_ = 0;
+  bool watching_;  // last: registered once everything the check reads exists
 };
 
 }  // namespace zshard

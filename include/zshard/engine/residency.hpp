@@ -110,7 +110,9 @@ class residency {
 
   // Gathers the parameters of `wanted` not yet gathered that `admit` lets in, as one group,
   // then marks the group's end on the gather stream for each (a group's collectives run at
-  // its end, so the mark must come after it).
+  // its end, so the mark must come after it). When a collective fails, the ones issued before
+  // it keep their mark (their buffers are freed on compute after waiting for it) and the one
+  // that failed goes back to sharded.
   template <class Admit>
   void gather_group(const std::vector<param_id>& wanted, Admit&& admit) {
     issued_.clear();
@@ -120,8 +122,15 @@ class residency {
           auto& s = store_[p];
           if (s.is_gathered() || !admit(p)) continue;
           void* full = store_.begin_gather(p, {});
-          comm_.all_gather(s.shard.data(), full, s.layout.shard_numel, s.type,
-                           store_.streams().collective_on(stream_role::gather));
+          try {
+            comm_.all_gather(s.shard.data(), full, s.layout.shard_numel, s.type,
+                             store_.streams().collective_on(stream_role::gather));
+          } catch (...) {
+            // Never issued (or failed part way): back to sharded, the buffer freed on the
+            // gather stream that allocated it, not on compute, which never waited for it.
+            store_.abandon_gather(p, {});
+            throw;
+          }
           issued_.push_back(p);
         }
       });

@@ -3,6 +3,7 @@
 // Per trainable parameter: fp32 master shard, AdamW m and v, and an fp32 gradient shard that
 // accumulates over micro-batches. The update runs on the backend's AdamW kernel, which writes
 // the working (f32/bf16/f16) shard in the same pass.
+#include <cmath>
 #include <vector>
 
 #include "zshard/comm/communicator.hpp"
@@ -44,13 +45,34 @@ class on_device_impl {
     store_.backend().add_into(state_[p].grad.template as<float>(), g, n, ready_on);
   }
 
+  // A backend that can reduce into device memory (sum_squares_into, CUDA) gets one host round
+  // trip per step: each gradient's sum of squares goes into its own device slot, then one copy
+  // and one wait bring them all. Otherwise (host backends, whose "device" is the host) one
+  // grad_stats_of per parameter, which costs nothing there.
   grad_stats local_grad_stats() {
+    Backend& b = store_.backend();
     grad_stats total;
-    for (param_id p = 0; p < store_.size(); ++p) {
-      const auto& st = state_[p];
-      if (!st.grad) continue;
-      if (store_[p].layout.replicated && comm_.rank() != 0) continue;  // count replicated values once
-      total += store_.backend().grad_stats_of(st.grad.template as<float>(), st.grad.numel(), compute());
+    if constexpr (sums_on_device) {
+      counted_.clear();
+      for (param_id p = 0; p < store_.size(); ++p)
+        if (counts(p)) counted_.push_back(p);
+      if (counted_.empty()) return total;
+      // doubles, as pairs of f32 words: the buffer only carries bytes
+      buffer<Backend> slots(b, dtype::f32, 2 * counted_.size(), mem_category::scratch, compute());
+      double* dev = slots.template as<double>();
+      for (std::size_t i = 0; i < counted_.size(); ++i) {
+        const auto& g = state_[counted_[i]].grad;
+        b.sum_squares_into(g.template as<float>(), g.numel(), dev + i, compute());
+      }
+      sums_.resize(counted_.size());
+      b.copy(sums_.data(), dev, sums_.size() * sizeof(double), compute());
+      b.synchronize(compute());
+      slots.reset_on(compute());
+      for (double sum : sums_) total += grad_stats{sum, !std::isfinite(sum)};
+    } else {
+      for (param_id p = 0; p < store_.size(); ++p)
+        if (counts(p))
+          total += b.grad_stats_of(state_[p].grad.template as<float>(), state_[p].grad.numel(), compute());
     }
     return total;
   }
@@ -85,6 +107,14 @@ class on_device_impl {
     buffer<Backend> master, m, v, grad;
   };
 
+  static constexpr bool sums_on_device = requires(Backend& b, const float* g, std::size_t n, double* out,
+                                                 typename Backend::stream& st) { b.sum_squares_into(g, n, out, st); };
+
+  // Whether p's gradient counts on this rank: trainable, and replicated values on rank 0 only.
+  bool counts(param_id p) const noexcept {
+    return state_[p].grad && !(store_[p].layout.replicated && comm_.rank() != 0);
+  }
+
   // Init, update and gradient statistics run on the compute stream (see offloader.hpp).
   typename Backend::stream& compute() noexcept { return store_.streams().on(stream_role::compute); }
 
@@ -92,6 +122,8 @@ class on_device_impl {
   Comm& comm_;
   const optim::adamw_config hyper_;
   std::vector<param_state> state_;
+  std::vector<param_id> counted_;  // local_grad_stats: kept between steps, so no step allocates
+  std::vector<double> sums_;
 };
 
 struct on_device {

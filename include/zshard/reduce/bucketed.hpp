@@ -9,6 +9,7 @@
 //
 // Reductions run on the reduce stream, after the compute work that wrote the gradients; the
 // reduced shard goes to the sink on that stream and the full gradient is freed there.
+#include <cstddef>
 #include <vector>
 
 #include "zshard/comm/communicator.hpp"
@@ -35,9 +36,19 @@ class bucketed_reducer {
     if (pending_numel_ >= bucket_numel_) flush(sink);
   }
 
+  // A failure leaves the gradients after the failing one pending (still unreduced, on compute)
+  // and drops the ones already handed over, so a retry never reduces a freed gradient.
   template <class Sink>
   void flush(Sink& sink) {
-    for (param_id p : pending_) reduce_one(p, sink);
+    std::size_t done = 0;
+    try {
+      for (; done < pending_.size(); ++done) reduce_one(pending_[done], sink);
+    } catch (...) {
+      pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done + 1));
+      pending_numel_ = 0;
+      for (param_id p : pending_) pending_numel_ += store_[p].layout.padded_numel;
+      throw;
+    }
     pending_.clear();
     pending_numel_ = 0;
   }
@@ -51,19 +62,28 @@ class bucketed_reducer {
     auto& streams = store_.streams();
     streams.order(stream_role::reduce, stream_role::compute);
     float* full = s.full_grad.template as<float>();
-    if (s.layout.replicated) {
-      comm_.all_reduce(full, full, s.layout.numel, dtype::f32, reduce_op::average,
-                       streams.collective_on(stream_role::reduce));
-      sink.accumulate_grad(p, full, s.layout.numel, streams.on(stream_role::reduce));
-    } else {
-      // Output of the collective: this rank's slice only (1/world of the gradient).
-      buffer<Backend> shard(store_.backend(), dtype::f32, s.layout.shard_numel, mem_category::scratch,
-                            streams.on(stream_role::reduce));
-      comm_.reduce_scatter(full, shard.data(), s.layout.shard_numel, dtype::f32, reduce_op::average,
-                           streams.collective_on(stream_role::reduce));
-      sink.accumulate_grad(p, shard.template as<float>(), s.layout.shard_numel, streams.on(stream_role::reduce));
+    // Output of the collective: this rank's slice only (1/world of the gradient).
+    buffer<Backend> shard;
+    try {
+      if (s.layout.replicated) {
+        comm_.all_reduce(full, full, s.layout.numel, dtype::f32, reduce_op::average,
+                         streams.collective_on(stream_role::reduce));
+        sink.accumulate_grad(p, full, s.layout.numel, streams.on(stream_role::reduce));
+      } else {
+        shard = buffer<Backend>(store_.backend(), dtype::f32, s.layout.shard_numel, mem_category::scratch,
+                                streams.on(stream_role::reduce));
+        comm_.reduce_scatter(full, shard.data(), s.layout.shard_numel, dtype::f32, reduce_op::average,
+                             streams.collective_on(stream_role::reduce));
+        sink.accumulate_grad(p, shard.template as<float>(), s.layout.shard_numel, streams.on(stream_role::reduce));
+      }
+    } catch (...) {
+      // A collective or the sink failed: both buffers may be in use on the reduce stream (an
+      // enqueued collective), so they are freed there, not on compute by their destructors.
       shard.reset_on(streams.on(stream_role::reduce));
+      s.full_grad.reset_on(streams.on(stream_role::reduce));
+      throw;
     }
+    shard.reset_on(streams.on(stream_role::reduce));
     s.full_grad.reset_on(streams.on(stream_role::reduce));
   }
 

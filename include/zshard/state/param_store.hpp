@@ -140,6 +140,26 @@ class param_store {
     ZSHARD_REQUIRE(!s.layout.replicated && s.state_ != param_state::sharded, error_kind::invariant,
                    "release of parameter '" + s.spec->name + "' in state " + std::string(to_string(s.state_)));
     s.gathered_.reset_on(streams_.on(stream_role::compute));
+    leave_gathered_set(p);
+  }
+
+  // gathering -> sharded when p's all-gather failed to be issued: frees the gathered buffer in
+  // the gather stream's order, the stream that allocated it and that any part of the failed
+  // collective was enqueued on, so no other stream needs an event for it.
+  void abandon_gather(param_id p, residency_key) {
+    auto& s = slots_[p];
+    expect(s, param_state::gathering, "abandon_gather");
+    s.gathered_.reset_on(streams_.on(stream_role::gather));
+    leave_gathered_set(p);
+  }
+
+  // Parameters gathering or gathered (replicated ones excluded: they are never in the set).
+  const std::vector<param_id>& gathered_set() const noexcept { return gathered_set_; }
+  std::size_t resident_numel() const noexcept { return resident_numel_; }
+
+ private:
+  void leave_gathered_set(param_id p) noexcept {
+    auto& s = slots_[p];
     s.state_ = param_state::sharded;
     const param_id last = gathered_set_.back();  // O(1) removal: the last entry takes p's place
     gathered_set_[s.set_index_] = last;
@@ -148,11 +168,6 @@ class param_store {
     resident_numel_ -= s.layout.padded_numel;
   }
 
-  // Parameters gathering or gathered (replicated ones excluded: they are never in the set).
-  const std::vector<param_id>& gathered_set() const noexcept { return gathered_set_; }
-  std::size_t resident_numel() const noexcept { return resident_numel_; }
-
- private:
   static void expect(const param_slot<Backend>& s, param_state want, const char* transition) {
     ZSHARD_REQUIRE(!s.layout.replicated && s.state_ == want, error_kind::invariant,
                    std::string(transition) + " of parameter '" + s.spec->name + "' in state " +

@@ -17,8 +17,15 @@
 // run at group_end(), as NCCL launches a group, so work that wrongly depends on a collective of
 // its own group reads what was there before. The training stack's own kernels are invisible to the
 // backend: tests report them with note_access().
+//
+// Host waits (synchronize, wait_host, grad_stats_of) go through core/host_wait.hpp as on CUDA:
+// they are counted (host_waits(), so tests can bound round trips per step), they run the
+// backend's watch, and hold_streams(true) injects a wait that never finishes on its own — the
+// stream stuck behind a hung collective — so tests can prove a wait polls its checks and stops.
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -35,6 +42,7 @@
 #include "zshard/comm/communicator.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/core/error.hpp"
+#include "zshard/core/host_wait.hpp"
 #include "zshard/optim/adamw.hpp"
 #include "zshard/optim/grad_clip.hpp"
 
@@ -129,7 +137,28 @@ class checked_backend {
     enqueue(id);
     join(vc_[id], e.clock);
   }
-  void synchronize(const stream& s) { join(vc_[host], vc_[checked(s)]); }
+  void synchronize(const stream& s) {
+    const int id = checked(s);
+    host_wait("synchronize");
+    join(vc_[host], vc_[id]);
+  }
+  // Has the work before e's record finished? Never blocks; false while streams are held. Safe
+  // from helper threads (it reads only the event and the hold).
+  bool ready(const event& e) const noexcept { return e.recorded && !held_.load(); }
+  // The host waits for the work before e's record.
+  void wait_host(const event& e) {
+    host_wait("wait_host");
+    if (e.recorded) join(vc_[host], e.clock);
+  }
+
+  // ---- host waits (see the header comment) ---------------------------------------------------
+  wait_watch& watch() noexcept { return watch_; }
+  // While held, no stream finishes: every host wait polls (running the watch) until released
+  // from another thread, or throws after wait_timeout().
+  void hold_streams(bool held) noexcept { held_.store(held); }
+  void set_wait_timeout(std::chrono::milliseconds t) noexcept { wait_timeout_ = t; }
+  std::chrono::milliseconds wait_timeout() const noexcept { return wait_timeout_; }
+  std::size_t host_waits() const noexcept { return host_waits_; }
 
   void copy(void* dst, const void* src, std::size_t bytes, const stream& s) {
     const auto [id, t] = op(s);
@@ -158,10 +187,21 @@ class checked_backend {
   grad_stats grad_stats_of(const float* g, std::size_t n, const stream& s) {
     const auto [id, t] = op(s);
     touch("grad_stats_of", id, t, g, n * sizeof(float), false);
+    host_wait("grad_stats_of");
     join(vc_[host], vc_[id]);
     optim::norm_accumulator acc;
     acc.add(g, n, 1.0f);
     return {acc.sum_squares, acc.nonfinite};
+  }
+  // *out (8 bytes of backend memory) = sum of g[i]^2 in f64, enqueued on s: no host wait, as
+  // cuda_backend's; the same arithmetic as grad_stats_of, so results match bit for bit.
+  void sum_squares_into(const float* g, std::size_t n, double* out, const stream& s) {
+    const auto [id, t] = op(s);
+    touch("sum_squares_into", id, t, g, n * sizeof(float), false);
+    touch("sum_squares_into", id, t, out, sizeof(double), true);
+    optim::norm_accumulator acc;
+    acc.add(g, n, 1.0f);
+    *out = acc.sum_squares;
   }
   void adamw(const optim::adamw_step& step, float* master, float* m, float* v, const float* grad, std::size_t n,
              void* working_out, dtype working_type, const stream& s) {
@@ -244,6 +284,12 @@ class checked_backend {
     for (const range& r : ranges) touch(what, id, t, r.p, r.bytes, r.write);
   }
 
+  void host_wait(const char* what) {
+    ++host_waits_;
+    poll_until([&] { return !held_.load(); }, wait_limits{wait_timeout_, &watch_, nullptr},
+               std::string("checked_backend: ") + what);
+  }
+
   void report(std::string line) {
     if (violations_.size() < max_violations) violations_.push_back(std::move(line));
   }
@@ -290,6 +336,10 @@ class checked_backend {
   std::vector<std::string> violations_;
   std::size_t checked_accesses_ = 0;
   std::uint64_t serial_ = 0;
+  wait_watch watch_;
+  std::atomic<bool> held_{false};
+  std::chrono::milliseconds wait_timeout_{10'000};
+  std::size_t host_waits_ = 0;
 };
 
 static_assert(check_backend<checked_backend>());

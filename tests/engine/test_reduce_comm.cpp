@@ -1,0 +1,168 @@
+// Gradient reductions on a communicator of their own (engine's reduce_comm), so that on NCCL
+// they do not serialise with the gathers. Checked on the CPU with two thread communicators over
+// the same ranks, both wrapped by the stream checker: every reduction goes to the second one,
+// every gather to the first, every access stays ordered by the role streams, and training
+// equals the one-communicator program bit for bit.
+#include <doctest/doctest.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../support/error_capture.hpp"
+#include "../support/scripted_comm.hpp"
+#include "zshard/backend/host_backend.hpp"
+#include "zshard/comm/thread_comm.hpp"
+#include "zshard/engine/engine.hpp"
+#include "zshard/offload/host_adam.hpp"
+#include "zshard/testing/stream_checker.hpp"
+
+using namespace zshard;
+using testing::checked_backend;
+using testing::checked_comm;
+using test_support::collective;
+using test_support::scripted_comm;
+
+namespace {
+
+using counted = scripted_comm<checked_comm<thread_comm>>;
+
+struct host_offload_policies : default_policies {
+  using offloader = offload::host_adam;
+};
+
+// Shared weights (module 0 and the last use one table), replicated biases, a checkpointed re-run.
+model_spec make_spec(std::int64_t dim) {
+  model_spec spec;
+  const param_id table = spec.add_param("table", {13, dim});
+  spec.add_module("embed", {table});
+  for (int b = 0; b < 3; ++b) {
+    const std::string n = "block" + std::to_string(b);
+    spec.add_module(n, {spec.add_param(n + ".w", {dim, dim}), spec.add_param(n + ".b", {dim}, {.decay = false})});
+  }
+  spec.add_module("head", {table, spec.add_param("head.b", {13}, {.decay = false})});
+  return spec;
+}
+
+engine_config config(std::size_t bucket, bool tight) {
+  engine_config cfg;
+  cfg.partition.persistence_threshold_numel = 16;  // biases replicated: all-reduces on the reduce communicator
+  cfg.reduce.reduce_bucket_numel = bucket;
+  cfg.prefetch.prefetch_numel = 1'000;
+  if (tight) cfg.prefetch.max_live_numel = 13 * 12 + 64;  // gathers ahead are evicted unused
+  cfg.adamw.lr = 1e-2f;
+  cfg.overlap = true;
+  cfg.log = [](const std::string& line) { FAIL_CHECK("unexpected engine log line: " << line); };
+  return cfg;
+}
+
+template <class Engine, class Note>
+void train(Engine& eng, int steps, Note&& note) {
+  const auto run = [&](typename Engine::scope g) {
+    for (std::size_t k = 0; k < g.param_count(); ++k) {
+      const auto view = g.param(k);
+      note(view.data(), view.bytes(), false);
+      if (!g.is_backward()) continue;
+      const auto grad = g.grad(k);
+      note(grad.data(), grad.bytes(), true);
+      const auto w = view.template as<const float>();
+      const auto d = grad.template as<float>();
+      for (std::size_t i = 0; i < d.size(); ++i) d[i] += 0.25f * w[i] + 0.01f * float(eng.comm().rank() + 1) * float(i % 5);
+    }
+  };
+  const module_id last = eng.spec().modules().size() - 1;
+  for (int s = 0; s < steps; ++s) {
+    for (int micro = 0; micro < 2; ++micro) {
+      for (module_id m = 0; m <= last; ++m) run(eng.forward(m));
+      eng.begin_backward();
+      for (module_id m = last + 1; m-- > 0;) {
+        if (m == 2) run(eng.recompute(m));
+        run(eng.backward(m));
+      }
+      eng.end_backward();
+    }
+    eng.step();
+  }
+}
+
+template <class Policies>
+std::vector<std::vector<float>> one_comm_reference(const model_spec& spec, const engine_config& cfg, int world) {
+  std::vector<std::vector<float>> out;
+  run_ranks(world, [&](thread_comm& comm) {
+    host_backend backend;
+    engine<host_backend, thread_comm, Policies> eng(backend, comm, spec, cfg);
+    train(eng, 2, [](const void*, std::size_t, bool) {});
+    std::vector<std::vector<float>> params;
+    for (param_id p = 0; p < spec.params().size(); ++p) params.push_back(eng.gather_param(p));
+    if (comm.rank() == 0) out = std::move(params);
+  });
+  return out;
+}
+
+template <class Policies>
+void check_two_comms(int world, std::size_t bucket, bool tight) {
+  INFO("world ", world, ", bucket ", bucket, tight ? ", tight budget" : "");
+  const model_spec spec = make_spec(9);
+  const engine_config cfg = config(bucket, tight);
+  thread_world reduce_world(world);  // the second communicator over the same ranks
+  std::mutex mu;
+  std::vector<std::vector<float>> got;
+  std::vector<std::string> violations;
+  run_ranks(world, [&](thread_comm& inner) {
+    thread_comm reduce_inner(reduce_world, inner.rank());
+    checked_backend backend;
+    checked_comm<thread_comm> gather_checked(inner, backend), reduce_checked(reduce_inner, backend);
+    counted comm(gather_checked), reduce_comm(reduce_checked);
+    std::vector<std::vector<float>> params;
+    {
+      engine<checked_backend, counted, Policies> eng(backend, comm, reduce_comm, spec, cfg);
+      CHECK(eng.separate_reduce_comm());
+      CHECK(&eng.reduce_comm() == &reduce_comm);
+      const std::size_t construction_gathers = comm.calls(collective::all_gather);
+      train(eng, 2, [&](const void* d, std::size_t b, bool w) { backend.note_access(d, b, w, stream_role::compute); });
+      // Reductions on the reduce communicator only; gathers and the step's statistics on the other.
+      CHECK(reduce_comm.calls(collective::reduce_scatter) > 0);
+      CHECK(reduce_comm.calls(collective::all_reduce) > 0);  // replicated biases
+      CHECK(reduce_comm.calls(collective::all_gather) == 0);
+      CHECK(comm.calls(collective::reduce_scatter) == 0);
+      CHECK(comm.calls(collective::all_reduce) == 2);  // one global statistic per step
+      CHECK(comm.calls(collective::all_gather) > construction_gathers);
+      for (param_id p = 0; p < spec.params().size(); ++p) params.push_back(eng.gather_param(p));
+    }
+    std::lock_guard lock(mu);
+    for (const auto& v : backend.violations()) violations.push_back("rank " + std::to_string(inner.rank()) + ": " + v);
+    if (inner.rank() == 0) got = std::move(params);
+  });
+  for (const auto& v : violations) MESSAGE(v);
+  CHECK(violations.empty());
+  CHECK(got == one_comm_reference<Policies>(spec, cfg, world));  // same arithmetic, same order
+}
+
+}  // namespace
+
+TEST_CASE("reduce communicator: reductions beside the gathers, ordered by the role streams, same training") {
+  for (int world : {1, 2, 3})
+    for (std::size_t bucket : {std::size_t{1}, std::size_t{1'000'000}})
+      for (bool tight : {false, true}) check_two_comms<default_policies>(world, bucket, tight);
+  check_two_comms<host_offload_policies>(2, 64, true);
+}
+
+TEST_CASE("reduce communicator: the same one by default; one over other ranks is a configuration error") {
+  const model_spec spec = make_spec(5);
+  thread_world bigger(3);
+  run_ranks(2, [&](thread_comm& comm) {
+    host_backend backend;
+    {
+      engine<host_backend, thread_comm> eng(backend, comm, spec, config(64, false));
+      CHECK_FALSE(eng.separate_reduce_comm());
+      CHECK(&eng.reduce_comm() == &comm);
+    }
+    thread_comm other(bigger, comm.rank());
+    const std::string msg = test_support::message_of(
+        [&] { engine<host_backend, thread_comm> eng(backend, comm, other, spec, config(64, false)); });
+    CHECK(msg.find("the reduce communicator is rank " + std::to_string(comm.rank()) + " of 3") != std::string::npos);
+    CHECK(msg.find("ncclCommSplit") != std::string::npos);
+    CHECK(test_support::kind_of([&] { engine<host_backend, thread_comm> eng(backend, comm, other, spec, config(64, false)); }) ==
+          error_kind::config);
+  });
+}
