@@ -221,8 +221,15 @@ struct engine_result {
 };
 
 // Mean ms per engine step on every GPU of the process.
-engine_result bench_engine(const std::vector<int>& devs, zshard::nccl_completion mode, bool overlap, bool quick) {
+// two_comms: reductions on a second communicator per rank (the engine's reduce_comm).
+engine_result bench_engine(const std::vector<int>& devs, zshard::nccl_completion mode, bool overlap, bool quick,
+                           bool two_comms = false) {
   engine_result result;
+  zshard::nccl_options reduce_opts;
+  reduce_opts.completion = mode;
+  std::vector<zshard::nccl_comm> reduce_comms;
+  if (two_comms) reduce_comms = zshard::nccl_comm::create_local(devs, reduce_opts);
+  try {
   zshard::run_nccl_ranks(devs, [&](zshard::nccl_comm& c) {
     cuda_backend b({.device = c.device()});
     const auto s = b.make_stream();  // the compute stream: the engine's, and the training stack's
@@ -236,7 +243,8 @@ engine_result bench_engine(const std::vector<int>& devs, zshard::nccl_completion
     cfg.prefetch.max_live_numel = 200'000'000;
     cfg.overlap = overlap;
     {
-      zshard::engine<cuda_backend, zshard::nccl_comm> eng(b, c, gpt_spec(12, 768, 50304, id), cfg);
+      zshard::nccl_comm& rc = two_comms ? reduce_comms[static_cast<std::size_t>(c.rank())] : c;
+      zshard::engine<cuda_backend, zshard::nccl_comm> eng(b, c, rc, gpt_spec(12, 768, 50304, id), cfg);
       const auto module_step = [&](zshard::module_id m, bool backward) {
         auto g = backward ? eng.backward(m) : eng.forward(m);
         busy(s, sms, backward ? bwd_us : fwd_us);
@@ -269,6 +277,11 @@ engine_result bench_engine(const std::vector<int>& devs, zshard::nccl_completion
     }
     c.synchronize();
   });
+  } catch (...) {
+    for (auto& rc : reduce_comms) rc.abort("a rank of the engine bench failed");
+    throw;
+  }
+  zshard::nccl_comm::finalize_all(reduce_comms);
   return result;
 }
 
@@ -372,6 +385,7 @@ int main(int argc, char** argv) {
     const auto wait = bench_engine(devs, zshard::nccl_completion::wait, false, quick);
     const auto serial_step = bench_engine(devs, zshard::nccl_completion::enqueue, false, quick);
     const auto overlap_step = bench_engine(devs, zshard::nccl_completion::enqueue, true, quick);
+    const auto two_comm_step = bench_engine(devs, zshard::nccl_completion::enqueue, true, quick, true);
     const double compute_ms = 14 * (fwd_us + bwd_us) / 1000;
     std::printf("\n3. engine step, GPT-2 small shape (124M params, bf16), %zu GPU(s), synthetic compute %.1f ms\n",
                 devs.size(), compute_ms);
@@ -382,6 +396,7 @@ int main(int argc, char** argv) {
     row("wait, one stream (host waits on each)", wait);
     row("enqueue, one stream (overlap off)", serial_step);
     row("enqueue, role streams (overlap on)", overlap_step);
+    row("enqueue, role streams, reductions on a 2nd comm", two_comm_step);
     const auto [serial, overlapped] = bench_overlap(devs, quick);
     std::printf("\n4. 12 blocks fwd+bwd on the role streams (compute %.1f ms)\n%-44s %10.2f ms\n%-44s %10.2f ms\n",
                 12 * (fwd_us + bwd_us) / 1000, "serial (one stream)", serial, "overlapped (gather/reduce streams)",
@@ -397,8 +412,10 @@ int main(int argc, char** argv) {
                 devs.size() > 1 ? "allgather_busbw_GBps" : "allgather_algbw_GBps", ag_best,
                 devs.size() > 1 ? "reducescatter_busbw_GBps" : "reducescatter_algbw_GBps", rs_best);
     std::printf("engine_step_ms_wait: %.2f\nengine_step_ms_serial: %.2f\nengine_step_ms_overlap: %.2f\n"
-                "engine_overlap_speedup: %.2f\nengine_pool_vs_ledger: %.3f\nhand_overlap_speedup: %.2f\n",
+                "engine_overlap_speedup: %.2f\nengine_step_ms_two_comms: %.2f\nengine_two_comm_speedup: %.2f\n"
+                "engine_pool_vs_ledger: %.3f\nhand_overlap_speedup: %.2f\n",
                 wait.step_ms, serial_step.step_ms, overlap_step.step_ms, serial_step.step_ms / overlap_step.step_ms,
+                two_comm_step.step_ms, serial_step.step_ms / two_comm_step.step_ms,
                 overlap_step.pool_high_gib / overlap_step.ledger_peak_gib, serial / overlapped);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu: %s\n", e.what());

@@ -78,8 +78,9 @@ TEST_CASE("host wait: the deadline throws the timeout error, not before it") {
   CHECK(waited >= 30ms);
   CHECK(waited < 5s);
   // A caller's own timeout error.
-  CHECK_THROWS_AS(poll_until([] { return false; }, {1ms, nullptr, nullptr}, "x", [] { return std::runtime_error("own"); }),
-                  std::runtime_error);
+  CHECK_THROWS_AS(
+      poll_until([] { return false; }, {1ms, nullptr, nullptr}, "x", [] { return std::runtime_error("own"); }),
+      std::runtime_error);
 }
 
 TEST_CASE("host wait: work that finishes later is waited for, checks and all") {

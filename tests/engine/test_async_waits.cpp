@@ -23,9 +23,9 @@
 
 using namespace zshard;
 using namespace std::chrono_literals;
+using test_support::scripted_comm;
 using testing::checked_backend;
 using testing::checked_comm;
-using test_support::scripted_comm;
 
 namespace {
 
@@ -67,7 +67,8 @@ void run_scope(Engine& eng, typename Engine::scope g, Note&& note) {
     note(grad.data(), grad.bytes(), true);
     const auto w = view.template as<const float>();
     const auto d = grad.template as<float>();
-    for (std::size_t i = 0; i < d.size(); ++i) d[i] += 0.5f * w[i] + 0.01f * float(eng.comm().rank() + 1) * float(i % 7);
+    for (std::size_t i = 0; i < d.size(); ++i)
+      d[i] += 0.5f * w[i] + 0.01f * float(eng.comm().rank() + 1) * float(i % 7);
   }
 }
 
@@ -123,11 +124,13 @@ TEST_CASE("async waits: a host wait stuck behind a hung collective ends with the
     {
       engine<checked_backend, scripted> eng(backend, comm, spec, config());
       CHECK(backend.watch().size() == 1);  // the engine registered its communicator's health check
-      const auto note = [&](const void* d, std::size_t b, bool w) { backend.note_access(d, b, w, stream_role::compute); };
+      const auto note = [&](const void* d, std::size_t b, bool w) {
+        backend.note_access(d, b, w, stream_role::compute);
+      };
       forward_all(eng, note);
       backward_all(eng, note);
-      backend.hold_streams(true);              // the streams never finish: a collective ahead of them hangs
-      comm.fail_health("ncclRemoteError");     // ... and NCCL reports why
+      backend.hold_streams(true);           // the streams never finish: a collective ahead of them hangs
+      comm.fail_health("ncclRemoteError");  // ... and NCCL reports why
       const auto start = std::chrono::steady_clock::now();
       try {
         eng.step();  // its first host wait reads the gradient statistics
@@ -184,7 +187,9 @@ TEST_CASE("async waits: the on-device Offloader reads the gradient statistics in
     std::vector<std::size_t> waits;
     {
       engine<checked_backend, checked> eng(backend, comm, spec, config());
-      const auto note = [&](const void* d, std::size_t b, bool w) { backend.note_access(d, b, w, stream_role::compute); };
+      const auto note = [&](const void* d, std::size_t b, bool w) {
+        backend.note_access(d, b, w, stream_role::compute);
+      };
       for (int s = 0; s < steps; ++s) {
         forward_all(eng, note);
         backward_all(eng, note);
@@ -225,14 +230,16 @@ TEST_CASE("async waits: the host Offloader never makes the rank thread wait for 
     std::vector<double> norms;
     {
       engine<checked_backend, checked, host_offload_policies> eng(backend, comm, spec, config());
-      const auto note = [&](const void* d, std::size_t b, bool w) { backend.note_access(d, b, w, stream_role::compute); };
+      const auto note = [&](const void* d, std::size_t b, bool w) {
+        backend.note_access(d, b, w, stream_role::compute);
+      };
       for (int s = 0; s < steps; ++s) {
         forward_all(eng, note);
         backend.hold_streams(true);  // no copy to the host lands during backward
         const std::size_t before = backend.host_waits();
         backward_all(eng, note);
-        CHECK(backend.host_waits() == before);            // never waited
-        CHECK(eng.offloader().queued_chunks() > 0);        // the copies wait for the helpers, not the rank
+        CHECK(backend.host_waits() == before);       // never waited
+        CHECK(eng.offloader().queued_chunks() > 0);  // the copies wait for the helpers, not the rank
         backend.hold_streams(false);
         norms.push_back(eng.step().grad_norm);
         CHECK(eng.offloader().queued_chunks() == 0);

@@ -16,10 +16,10 @@
 #include "zshard/testing/stream_checker.hpp"
 
 using namespace zshard;
-using testing::checked_backend;
-using testing::checked_comm;
 using test_support::collective;
 using test_support::scripted_comm;
+using testing::checked_backend;
+using testing::checked_comm;
 
 namespace {
 
@@ -77,7 +77,9 @@ std::vector<std::string> run_failing(const failure& f, bool& failed_as_scripted)
     {
       checked_engine eng(backend, comm, spec, config());
       comm.fail_call(f.kind, f.call);
-      const auto note = [&](const void* d, std::size_t b, bool w) { backend.note_access(d, b, w, stream_role::compute); };
+      const auto note = [&](const void* d, std::size_t b, bool w) {
+        backend.note_access(d, b, w, stream_role::compute);
+      };
       try {
         const module_id last = spec.modules().size() - 1;
         for (module_id m = 0; m <= last; ++m) run_scope(eng.forward(m), note);
@@ -144,6 +146,6 @@ TEST_CASE("error paths: the control — freeing on compute what the reduce strea
   {
     buffer<checked_backend> shard(backend, dtype::f32, 16, mem_category::scratch, on_reduce);
     backend.fill_zero(shard.data(), shard.bytes(), on_reduce);  // the collective's write
-  }  // freed on compute, unordered
+  }                                                             // freed on compute, unordered
   CHECK(backend.violations().size() == 1);
 }

@@ -18,10 +18,10 @@
 #include "zshard/testing/stream_checker.hpp"
 
 using namespace zshard;
-using testing::checked_backend;
-using testing::checked_comm;
 using test_support::collective;
 using test_support::scripted_comm;
+using testing::checked_backend;
+using testing::checked_comm;
 
 namespace {
 
@@ -67,7 +67,8 @@ void train(Engine& eng, int steps, Note&& note) {
       note(grad.data(), grad.bytes(), true);
       const auto w = view.template as<const float>();
       const auto d = grad.template as<float>();
-      for (std::size_t i = 0; i < d.size(); ++i) d[i] += 0.25f * w[i] + 0.01f * float(eng.comm().rank() + 1) * float(i % 5);
+      for (std::size_t i = 0; i < d.size(); ++i)
+        d[i] += 0.25f * w[i] + 0.01f * float(eng.comm().rank() + 1) * float(i % 5);
     }
   };
   const module_id last = eng.spec().modules().size() - 1;
@@ -162,7 +163,8 @@ TEST_CASE("reduce communicator: the same one by default; one over other ranks is
         [&] { engine<host_backend, thread_comm> eng(backend, comm, other, spec, config(64, false)); });
     CHECK(msg.find("the reduce communicator is rank " + std::to_string(comm.rank()) + " of 3") != std::string::npos);
     CHECK(msg.find("ncclCommSplit") != std::string::npos);
-    CHECK(test_support::kind_of([&] { engine<host_backend, thread_comm> eng(backend, comm, other, spec, config(64, false)); }) ==
-          error_kind::config);
+    CHECK(test_support::kind_of([&] {
+            engine<host_backend, thread_comm> eng(backend, comm, other, spec, config(64, false));
+          }) == error_kind::config);
   });
 }

@@ -133,32 +133,44 @@ void run_micro_batch_on_device(Engine& eng, const toy::config& mc, const toy::id
   eng.end_backward();
 }
 
-// toy::train_sharded on o.world GPUs (one thread and one NCCL rank per GPU).
+// toy::train_sharded on o.world GPUs (one thread and one NCCL rank per GPU). With
+// separate_reduce, reductions run on a second communicator per rank (engine's reduce_comm).
 template <class Policies = zshard::default_policies>
-toy::train_result train_on_gpus(const toy::train_options& o, zshard::nccl_completion completion) {
+toy::train_result train_on_gpus(const toy::train_options& o, zshard::nccl_completion completion,
+                                bool separate_reduce = false) {
   toy::train_result result;
   std::mutex mu;
   const auto devs = devices(o.world);
   REQUIRE(static_cast<int>(devs.size()) == o.world);
   zshard::nccl_options opts;
   opts.timeout = std::chrono::milliseconds(60'000);
-  zshard::run_nccl_ranks(
-      devs,
-      [&](zshard::nccl_comm& comm) {
-        toy::ids id;
-        zshard::cuda_backend backend({.device = comm.device()});
-        comm.set_completion(completion);
-        {
-          zshard::engine<zshard::cuda_backend, zshard::nccl_comm, Policies> eng(backend, comm,
-                                                                                toy::make_spec(o.model, id), o.engine);
-          toy::train_rank(
-              eng, comm.rank(), o,
-              [&](const toy::batch& b, bool inject) { run_micro_batch_on_device(eng, o.model, id, b, inject); }, mu,
-              result);
-        }
-        comm.synchronize();
-      },
-      opts);
+  std::vector<zshard::nccl_comm> reduce_comms;
+  if (separate_reduce) reduce_comms = zshard::nccl_comm::create_local(devs, opts);
+  try {
+    zshard::run_nccl_ranks(
+        devs,
+        [&](zshard::nccl_comm& comm) {
+          toy::ids id;
+          zshard::cuda_backend backend({.device = comm.device()});
+          comm.set_completion(completion);
+          zshard::nccl_comm& reduce = separate_reduce ? reduce_comms[static_cast<std::size_t>(comm.rank())] : comm;
+          reduce.set_completion(completion);
+          {
+            zshard::engine<zshard::cuda_backend, zshard::nccl_comm, Policies> eng(
+                backend, comm, reduce, toy::make_spec(o.model, id), o.engine);
+            toy::train_rank(
+                eng, comm.rank(), o,
+                [&](const toy::batch& b, bool inject) { run_micro_batch_on_device(eng, o.model, id, b, inject); }, mu,
+                result);
+          }
+          comm.synchronize();
+        },
+        opts);
+  } catch (...) {
+    for (auto& c : reduce_comms) c.abort("a rank failed");
+    throw;
+  }
+  zshard::nccl_comm::finalize_all(reduce_comms);
   return result;
 }
 

@@ -141,13 +141,13 @@ class nccl_comm {
   static std::vector<nccl_comm> create_local(std::span<const int> devices, nccl_options opts = {}) {
     const int n = static_cast<int>(devices.size());
     ZSHARD_REQUIRE(n >= 1, error_kind::usage, "nccl_comm::create_local needs at least one device");
+    const device_restorer restore;  // the caller's current device is current again on return
     const ncclUniqueId id = make_unique_id();
     std::vector<nccl_comm> comms;
     comms.reserve(devices.size());
     for (int r = 0; r < n; ++r) comms.push_back(nccl_comm(adopt{}, r, n, devices[static_cast<std::size_t>(r)], opts));
     ncclConfig_t config = nccl_detail::nonblocking_config();
     const std::string what = "ncclCommInitRankConfig (create_local, " + std::to_string(n) + " devices)";
-    const device_restorer restore;  // the caller's current device, as it was
     try {
       ncclResult_t r = ncclGroupStart();
       for (int q = 0; q < n && (r == ncclSuccess || r == ncclInProgress); ++q) {
@@ -311,7 +311,8 @@ class nccl_comm {
         nccl_comm& c = comms[i];
         if (!c.comm_ || c.aborted_ || state[i] != 0) continue;
         ncclResult_t st = ncclInProgress;
-        if (ncclCommGetAsyncError(c.comm_, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
+        if (ncclCommGetAsyncError(c.comm_, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress) ||
+            c.cancelled())  // a peer failed: finalising would wait for it
           state[i] = -1;
         else if (st == ncclSuccess)
           state[i] = 1;

@@ -99,8 +99,7 @@ void poll_until(Ready&& ready, const wait_limits& limits, const std::string& wha
 template <class Ready>
 void poll_until(Ready&& ready, const wait_limits& limits, const std::string& what) {
   poll_until(std::forward<Ready>(ready), limits, what, [&] {
-    return error(error_kind::backend,
-                 what + " did not finish within " + std::to_string(limits.timeout.count()) + " ms",
+    return error(error_kind::backend, what + " did not finish within " + std::to_string(limits.timeout.count()) + " ms",
                  "the work ahead of it may be a collective waiting for a rank that failed or skipped it; raise the "
                  "timeout only if the queued work is legitimately that long");
   });
