@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "zshard/backend/cuda_backend.hpp"
-#include "zshard/comm/nccl_comm.hpp"
+#include "zshard/comm/nccl_ranks.hpp"
 #include "zshard/engine/engine.hpp"
 
 namespace {

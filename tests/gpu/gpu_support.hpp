@@ -10,7 +10,7 @@
 
 #include "../engine/equivalence_check.hpp"
 #include "zshard/backend/cuda_backend.hpp"
-#include "zshard/comm/nccl_comm.hpp"
+#include "zshard/comm/nccl_ranks.hpp"
 #include "zshard/offload/host_adam.hpp"
 
 namespace gpu_test {

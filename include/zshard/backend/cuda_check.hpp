@@ -40,6 +40,19 @@ inline void ensure_device(int device) {
   if (current != device) check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
 }
 
+// Puts the calling thread's current device back when it leaves scope (cheap; errors ignored).
+struct device_restorer {
+  int device = -1;
+  device_restorer() noexcept {
+    if (cudaGetDevice(&device) != cudaSuccess) device = -1;
+  }
+  ~device_restorer() {
+    if (device >= 0) (void)cudaSetDevice(device);
+  }
+  device_restorer(const device_restorer&) = delete;
+  device_restorer& operator=(const device_restorer&) = delete;
+};
+
 // How many CUDA devices this process can use, and why none when there are none (the message
 // GPU tests print when they skip).
 struct device_census {

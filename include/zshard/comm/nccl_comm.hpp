@@ -4,7 +4,7 @@
 //   - one process per GPU: nccl_comm(id, nranks, rank, device). The caller ships the id that
 //     rank 0 got from nccl_comm::make_unique_id() to the other processes (MPI, a file, ...).
 //   - one process driving several GPUs: nccl_comm::create_local(devices), then one thread per
-//     rank (run_nccl_ranks does both).
+//     rank (run_nccl_ranks, comm/nccl_ranks.hpp, does both).
 //
 // Streams: each collective takes the stream it runs on (comm_stream, last argument), the one
 // that orders its buffers. The engine passes the backend's gather stream for gathers, its
@@ -23,7 +23,7 @@
 // Teardown aborts instead of waiting when anything went wrong: a failed or cancelled
 // communicator, or one destroyed while an exception unwinds (its peers may wait for
 // collectives it will never issue). A failure sets options().report_failure, which
-// run_nccl_ranks shares as every rank's cancel flag, so the peers stop at their next poll.
+// run_nccl_ranks (comm/nccl_ranks.hpp) shares as every rank's cancel flag, so the peers stop at their next poll.
 //
 // Differences from the contract in communicator.hpp, inherent to NCCL: reductions run in
 // NCCL's order (ring/tree), not rank order, and bf16/f16 accumulate in their own type, so
@@ -141,7 +141,7 @@ class nccl_comm {
   static std::vector<nccl_comm> create_local(std::span<const int> devices, nccl_options opts = {}) {
     const int n = static_cast<int>(devices.size());
     ZSHARD_REQUIRE(n >= 1, error_kind::usage, "nccl_comm::create_local needs at least one device");
-    const device_restorer restore;  // the caller's current device is current again on return
+    const cuda::device_restorer restore;  // the caller's current device is current again on return
     const ncclUniqueId id = make_unique_id();
     std::vector<nccl_comm> comms;
     comms.reserve(devices.size());
@@ -295,7 +295,7 @@ class nccl_comm {
   // that does not finish within its timeout, or fails, is aborted instead. Idempotent.
   // The caller's current device is restored.
   static void finalize_all(std::span<nccl_comm> comms) noexcept {
-    const device_restorer restore;
+    const cuda::device_restorer restore;
     std::vector<int> state(comms.size(), 0);  // 0 pending, 1 finalised, -1 abort
     for (std::size_t i = 0; i < comms.size(); ++i) {
       nccl_comm& c = comms[i];
@@ -343,18 +343,6 @@ class nccl_comm {
   }
 
  private:
-  // Puts the calling thread's current device back when it leaves scope.
-  struct device_restorer {
-    int device = -1;
-    device_restorer() noexcept {
-      if (cudaGetDevice(&device) != cudaSuccess) device = -1;
-    }
-    ~device_restorer() {
-      if (device >= 0) (void)cudaSetDevice(device);
-    }
-    device_restorer(const device_restorer&) = delete;
-    device_restorer& operator=(const device_restorer&) = delete;
-  };
 
   struct adopt {};
   nccl_comm(adopt, int rank, int nranks, int device, nccl_options opts)
@@ -528,48 +516,5 @@ class nccl_comm {
 };
 
 static_assert(check_communicator<nccl_comm>());
-
-// Runs fn(nccl_comm&) on one thread per device, rank i on devices[i] (single-process
-// multi-GPU), and joins them. If a rank throws, the others stop waiting at once and the
-// first failure is rethrown here, as run_ranks does for thread ranks: a failing communicator
-// raises the shared flag when it aborts (report_failure), the failing thread aborts its own
-// communicator as soon as it catches, and every peer polls the flag in each wait (theirs, and
-// the backend's through poll_health), then aborts its own communicator.
-template <class F>
-void run_nccl_ranks(std::span<const int> devices, F&& fn, nccl_options opts = {}) {
-  std::atomic<bool> failed{false};
-  std::atomic<int> first{-1};
-  opts.cancel = &failed;
-  opts.report_failure = &failed;
-  std::vector<nccl_comm> comms = nccl_comm::create_local(devices, opts);
-  std::vector<std::exception_ptr> errors(devices.size());
-  std::vector<std::thread> threads;
-  threads.reserve(devices.size());
-  for (std::size_t r = 0; r < devices.size(); ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        cuda::check(cudaSetDevice(devices[r]), "cudaSetDevice(" + std::to_string(devices[r]) + ")");
-        fn(comms[r]);
-      } catch (...) {
-        errors[r] = std::current_exception();
-        int none = -1;
-        first.compare_exchange_strong(none, static_cast<int>(r));
-        failed.store(true);
-        comms[r].abort("rank " + std::to_string(r) + " of run_nccl_ranks failed");  // its own: this thread's
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (failed.load())
-    for (auto& c : comms) c.abort("a rank of run_nccl_ranks failed");
-  else
-    nccl_comm::finalize_all(comms);
-  // The root cause: the first rank to fail that was not merely stopped by a peer's failure.
-  if (const int f = first.load(); f >= 0 && !comms[static_cast<std::size_t>(f)].stopped_by_peer())
-    std::rethrow_exception(errors[static_cast<std::size_t>(f)]);
-  for (std::size_t r = 0; r < devices.size(); ++r)
-    if (errors[r] && !comms[r].stopped_by_peer()) std::rethrow_exception(errors[r]);
-  if (const int f = first.load(); f >= 0) std::rethrow_exception(errors[static_cast<std::size_t>(f)]);
-}
 
 }  // namespace zshard

@@ -20,6 +20,7 @@
 
 #include "zshard/backend/backend.hpp"
 #include "zshard/comm/communicator.hpp"
+#include "zshard/engine/comm_watch.hpp"
 #include "zshard/engine/default_policies.hpp"
 #include "zshard/engine/engine_config.hpp"
 #include "zshard/engine/module_scope.hpp"
@@ -80,6 +81,7 @@ class engine {
       : backend_(backend),
         comm_(comm),
         reduce_comm_(checked_reduce_comm(comm, reduce_comm)),
+        watch_(backend, comm_, reduce_comm_),
         spec_(validated(std::move(spec))),
         cfg_(validated(std::move(cfg), comm.rank())),
         layouts_(make_layouts()),
@@ -88,20 +90,14 @@ class engine {
         reducer_(store_, reduce_comm_, cfg_.reduce),
         residency_(store_, comm, prefetcher_, cfg_.prefetch),
         scaler_(cfg_.loss_scale),
-        lr_(cfg_.adamw.lr),
-        watching_(watch_communicators()) {
-    try {
-      check_same_model_on_every_rank();
-      check_module_sizes();
-      tracker_.reset(spec_);
-      prefetcher_.reset(spec_, layouts_, cfg_.prefetch, cfg_.log);
-      initialize_parameters();
-      publish_shards();
-      completed_.reserve(spec_.params().size());
-    } catch (...) {
-      if (watching_) unwatch_communicators();  // no destructor runs: the check must not outlive this
-      throw;
-    }
+        lr_(cfg_.adamw.lr) {
+    check_same_model_on_every_rank();
+    check_module_sizes();
+    tracker_.reset(spec_);
+    prefetcher_.reset(spec_, layouts_, cfg_.prefetch, cfg_.log);
+    initialize_parameters();
+    publish_shards();
+    completed_.reserve(spec_.params().size());
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -111,13 +107,12 @@ class engine {
   // it will never issue, and its own queued collectives for theirs; waiting would hang.
   ~engine() {
     const bool failing = std::uncaught_exceptions() > uncaught_at_construction_ || broken_;
-    if (failing) abort_communicators("an engine was destroyed while an exception was in flight");
+    if (failing) watch_.abort_all("an engine was destroyed while an exception was in flight");
     try {
       store_.streams().synchronize_all();
     } catch (...) {
       // already failed (a collective timed out, a device error): the backend reports it again
     }
-    if (watching_) unwatch_communicators();
     if (activation_bytes_) backend_.ledger().release(mem_category::activations, activation_bytes_);
   }
 
@@ -278,36 +273,6 @@ class engine {
                    "give reductions a communicator over the same ranks in the same order (ncclCommSplit with one "
                    "colour and key = rank, or a second communicator of the same world)");
     return reduce;
-  }
-
-  // Every host wait of the backend (synchronize, copies to the host) also checks the
-  // communicators' health, where both sides support it (cuda_backend + nccl_comm): a peer's
-  // failure or an NCCL error ends the wait at once instead of after the backend's timeout.
-  static constexpr bool can_watch =
-      requires(Backend& b, Comm& c) {
-        { b.watch().add([] {}) } -> std::convertible_to<std::size_t>;
-        b.watch().remove(std::size_t{});
-        c.poll_health();
-      };
-  bool watch_communicators() {
-    if constexpr (can_watch) {
-      watch_handle_ = backend_.watch().add([this] {
-        comm_.poll_health();
-        if (separate_reduce_comm()) reduce_comm_.poll_health();
-      });
-      return true;
-    } else {
-      return false;
-    }
-  }
-  void unwatch_communicators() noexcept {
-    if constexpr (can_watch) backend_.watch().remove(watch_handle_);
-  }
-  void abort_communicators(const std::string& why) noexcept {
-    if constexpr (requires(Comm& c) { c.abort(why); }) {
-      comm_.abort(why);
-      if (separate_reduce_comm()) reduce_comm_.abort(why);
-    }
   }
 
   static model_spec validated(model_spec s) {
@@ -496,6 +461,7 @@ class engine {
   Backend& backend_;
   Comm& comm_;
   Comm& reduce_comm_;  // comm_ unless a second communicator was given
+  comm_watch<Backend, Comm> watch_;  // the backend's host waits check both communicators
   const int uncaught_at_construction_ = std::uncaught_exceptions();
   const model_spec spec_;
   const engine_config cfg_;
@@ -517,8 +483,6 @@ class engine {
   std::vector<param_id> ahead_;
   std::vector<swept_use> swept_;
   std::exception_ptr broken_;
-  std::size_t watch_handle_ = 0;
-  bool watching_;  // last: registered once everything the check reads exists
 };
 
 }  // namespace zshard

@@ -35,11 +35,7 @@
 //
 // Threads: offload_config::host_threads (engine_config::offload), else one per hardware thread.
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -49,9 +45,9 @@
 
 #include "zshard/comm/communicator.hpp"
 #include "zshard/core/buffer.hpp"
-#include "zshard/core/host_wait.hpp"
 #include "zshard/core/worker_pool.hpp"
 #include "zshard/offload/host_memory.hpp"
+#include "zshard/offload/landing_queue.hpp"
 #include "zshard/offload/offload_config.hpp"
 #include "zshard/offload/offloader.hpp"
 #include "zshard/optim/adamw_dispatch.hpp"
@@ -81,6 +77,7 @@ class host_adam_impl {
         path_(optim::resolve(oc_.host_path)),
         tile_(optim::round_up_to_granule(oc_.host_tile_numel)),
         staging_numel_(optim::round_up_to_granule(oc_.host_staging_numel)),
+        landing_(*this, store.backend(), pool_),
         pool_(holds_storage ? oc_.host_threads : 1) {
     plan();
     master_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
@@ -89,9 +86,7 @@ class host_adam_impl {
     grad_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::grad_shards);
     if constexpr (holds_storage && !in_place) {
       staging_ = buffer<resource_type>(memory_, dtype::f32, 2 * staging_numel_, mem_category::scratch);
-      queue_.reserve(queue_slots);
-      if constexpr (waits_by_event)
-        for (std::size_t i = 0; i < queue_slots; ++i) events_.push_back(store_.backend().make_event());
+      landing_.start();
     }
     if constexpr (holds_storage) {
       if (total_numel_ > 0) {
@@ -104,7 +99,7 @@ class host_adam_impl {
   host_adam_impl& operator=(const host_adam_impl&) = delete;
   // Helpers still waiting for a copy that will never land (a failed collective ahead of it) give
   // up at once: the pool joins them next.
-  ~host_adam_impl() { abandon_.store(true); }
+  ~host_adam_impl() { landing_.stop(); }
 
   void init_param(param_id p, const float* values) {
     const auto& ps = trainable_state(p);
@@ -131,7 +126,7 @@ class host_adam_impl {
 
   // Chunks copied to the host and not yet accumulated (device path): what the rank thread left
   // to the helpers instead of waiting. Tests read it.
-  std::size_t queued_chunks() const noexcept { return queue_.size() - queue_head_; }
+  std::size_t queued_chunks() const noexcept { return landing_.size(); }
 
   // Over the gradients this rank owns; the sums were taken as the gradients arrived.
   grad_stats local_grad_stats() {
@@ -181,6 +176,8 @@ class host_adam_impl {
   int threads() const noexcept { return pool_.size(); }
 
  private:
+  friend class landing_queue<Backend, host_adam_impl>;
+
   struct param_state {
     bool trainable = false;
     bool has_grad = false;       // a gradient arrived since the last update/discard; else it is zero
@@ -205,35 +202,6 @@ class host_adam_impl {
   struct round {
     std::size_t tile_begin, tile_end, segment_begin, segment_end;
   };
-  // A copy to the host queued for accumulation (device path): tiles [first_tile, first_tile +
-  // tile_count) of one parameter, landing at src once events_[event] has completed.
-  struct chunk {
-    std::size_t first_tile = 0, tile_count = 0;
-    std::size_t base_local = 0;  // local offset the chunk starts at
-    const float* src = nullptr;  // a staging half, or the gradient shard itself (first arrival)
-    bool first = false;
-    int half = -1;  // the staging half it holds until accumulated (-1: none)
-    std::size_t event = 0;
-  };
-  // The background job of the device path: waits for one chunk's copy, then accumulates it.
-  struct stream_job {
-    host_adam_impl* self = nullptr;
-    chunk c{};
-    void operator()(std::size_t k) const noexcept {
-      if (!self->copy_landed(c)) return;
-      const tile& t = self->tiles_[c.first_tile + k];
-      accumulate_tile(f32(self->grad_) + t.offset, c.src + (t.local - c.base_local), t.len, c.first,
-                      self->tile_stats_[c.first_tile + k]);
-    }
-  };
-  static constexpr bool waits_by_event = requires(Backend& b, const typename Backend::event& e) {
-    { b.ready(e) } -> std::convertible_to<bool>;
-    b.wait_host(e);
-  };
-  // Chunks in flight at most (and events in the ring): past that the rank thread waits.
-  static constexpr std::size_t queue_slots = 64;
-  static constexpr std::size_t none = static_cast<std::size_t>(-1);
-
   static float* f32(const buffer<resource_type>& b) noexcept { return b.template as<float>(); }
 
   resource_type& pick_memory() noexcept {
@@ -319,147 +287,42 @@ class host_adam_impl {
   }
 
   // Enqueues the copies of g to the host on g's stream (after the reduction that produced it)
-  // and queues their accumulation; never waits for the stream. A first arrival lands straight
-  // in the gradient shard. Later ones go in chunks of whole tiles, each at most one staging
-  // half, alternating halves; a half is reused once its chunk has been accumulated.
+  // and queues their accumulation (landing_queue.hpp); never waits for the stream. A first
+  // arrival lands straight in the gradient shard. Later ones go in chunks of whole tiles, each
+  // at most one staging half, alternating halves; a half is reused once its chunk is added.
   void stream_from_device(const param_state& ps, const float* g, bool first, typename Backend::stream& ready_on) {
     Backend& b = store_.backend();
     if (first) {
-      make_queue_room();
+      landing_.make_room();
       float* dst = f32(grad_) + ps.offset;
       b.copy(dst, g, ps.numel * sizeof(float), ready_on);
-      enqueue({ps.first_tile, ps.tile_count, 0, dst, true, -1, 0}, ready_on);
+      return landing_.push({ps.first_tile, ps.tile_count, 0, dst, true, -1, 0}, ready_on);
     }
-    for (std::size_t k = 0; !first && k < ps.tile_count;) {
+    for (std::size_t k = 0; k < ps.tile_count;) {
       const std::size_t base = tiles_[ps.first_tile + k].local;
       std::size_t e = k;
       while (e < ps.tile_count &&
              tiles_[ps.first_tile + e].local + tiles_[ps.first_tile + e].len - base <= staging_numel_)
         ++e;
       const tile& last = tiles_[ps.first_tile + e - 1];
-      const int h = free_half();
+      const int h = landing_.free_half();
       float* half = f32(staging_) + static_cast<std::size_t>(h) * staging_numel_;
       b.copy(half, g + base, (last.local + last.len - base) * sizeof(float), ready_on);
-      half_busy_[h] = true;
-      enqueue({ps.first_tile + k, e - k, base, half, false, h, 0}, ready_on);
+      landing_.push({ps.first_tile + k, e - k, base, half, false, h, 0}, ready_on);
       k = e;
     }
-    pump();
   }
 
-  // Records the event that says c's copy landed and queues c (room was made by the caller).
-  void enqueue(chunk c, typename Backend::stream& ready_on) {
-    if constexpr (waits_by_event) {
-      c.event = next_event_++ % queue_slots;
-      store_.backend().record(events_[c.event], ready_on);
-    } else {
-      store_.backend().synchronize(ready_on);  // a backend that cannot wait by event: the copy lands now
-    }
-    queue_.push_back(c);
+  // Helper threads, once chunk c has landed: its tile k into the gradient shard, with stats.
+  void accumulate_chunk_tile(const landing_chunk& c, std::size_t k) noexcept {
+    const tile& t = tiles_[c.first_tile + k];
+    accumulate_tile(f32(grad_) + t.offset, c.src + (t.local - c.base_local), t.len, c.first,
+                    tile_stats_[c.first_tile + k]);
   }
 
-  // Called by helper threads: waits (polling, never blocking) until c's copy has landed.
-  // False when the wait was abandoned or failed; the error is kept for the rank thread.
-  bool copy_landed(const chunk& c) noexcept {
-    if constexpr (waits_by_event) {
-      try {
-        const auto& e = events_[c.event];
-        poll_until([&] { return store_.backend().ready(e); }, wait_limits{std::chrono::milliseconds(0), nullptr, &abandon_},
-                   "host_adam: a gradient copy to the host");
-      } catch (...) {
-        std::lock_guard lock(job_error_mu_);
-        if (!job_error_) job_error_ = std::current_exception();
-        return false;
-      }
-    }
-    (void)c;
-    return true;
-  }
-
-  // Starts the oldest queued chunk's job when the helpers are free; never blocks. Without
-  // helpers a started job would run (and wait) on this thread, so it waits for drain().
-  void pump() {
-    if (running_ != none) {
-      if (!pool_.idle()) return;
-      complete_head();
-    }
-    if (queue_head_ == queue_.size() || pool_.size() == 1) return;
-    job_ = {this, queue_[queue_head_]};
-    running_ = queue_head_;
-    pool_.start(job_.c.tile_count, job_);
-  }
-
-  // Accumulates the oldest queued chunk, waiting for its copy on this thread (polling through
-  // the backend's watch and timeout, which a helper cannot run).
-  void finish_oldest() {
-    const chunk c = queue_[queue_head_];
-    try {
-      if constexpr (waits_by_event) store_.backend().wait_host(events_[c.event]);
-    } catch (...) {
-      abandon_queue();
-      throw;
-    }
-    if (running_ == none) {
-      job_ = {this, c};
-      running_ = queue_head_;
-      pool_.run(c.tile_count, job_);  // every thread, this one included: the copy has landed
-    }
-    pool_.wait();
-    complete_head();
-  }
-
-  // The running job (the queue's head) has finished: release its half, or report its failure.
-  void complete_head() {
-    running_ = none;
-    std::exception_ptr failed;
-    {
-      std::lock_guard lock(job_error_mu_);
-      failed = std::exchange(job_error_, nullptr);
-    }
-    if (failed) {
-      abandon_queue();
-      std::rethrow_exception(failed);
-    }
-    const chunk& c = queue_[queue_head_];
-    if (c.half >= 0) half_busy_[c.half] = false;
-    if (++queue_head_ == queue_.size()) {
-      queue_.clear();
-      queue_head_ = 0;
-    }
-  }
-
-  // After a failure: helpers stop waiting, the queue is dropped (the step fails anyway).
-  void abandon_queue() noexcept {
-    abandon_.store(true);
-    pool_.wait();
-    abandon_.store(false);
-    queue_.clear();
-    queue_head_ = 0;
-    running_ = none;
-    half_busy_[0] = half_busy_[1] = false;
-    std::lock_guard lock(job_error_mu_);
-    job_error_ = nullptr;
-  }
-
-  void make_queue_room() {
-    while (queue_.size() - queue_head_ >= queue_slots) finish_oldest();
-  }
-  // A staging half no queued chunk holds, waiting for the oldest chunks until one is free.
-  int free_half() {
-    make_queue_room();
-    for (;;) {
-      for (int h : {next_half_, 1 - next_half_})
-        if (!half_busy_[h]) {
-          next_half_ = 1 - h;
-          return h;
-        }
-      finish_oldest();
-    }
-  }
-  // Every queued chunk accumulated (the step reads the gradients and their statistics).
+  // Every queued copy accumulated (the step reads the gradients and their statistics).
   void drain() {
-    if constexpr (holds_storage && !in_place)
-      while (queue_head_ != queue_.size()) finish_oldest();
+    if constexpr (holds_storage && !in_place) landing_.drain();
     pool_.wait();
   }
 
@@ -527,19 +390,7 @@ class host_adam_impl {
   std::size_t total_numel_ = 0;
   optim::adamw_step steps_[2]{};  // [decay]
   buffer<resource_type> master_, m_, v_, grad_, staging_;
-  // The device path's queue (stream_from_device); rank thread only, except abandon_ and
-  // job_error_, which helpers read and write.
-  std::vector<chunk> queue_;  // FIFO: [queue_head_, size)
-  std::size_t queue_head_ = 0;
-  std::size_t running_ = none;  // index in queue_ of the chunk the pool is accumulating
-  std::vector<typename Backend::event> events_;  // a ring of queue_slots: chunk i's copy landed
-  std::size_t next_event_ = 0;
-  bool half_busy_[2] = {false, false};
-  int next_half_ = 0;
-  std::atomic<bool> abandon_{false};
-  std::mutex job_error_mu_;
-  std::exception_ptr job_error_;
-  stream_job job_{};
+  landing_queue<Backend, host_adam_impl> landing_;  // the device path's copies to the host in flight
   worker_pool pool_;  // last: joined before anything its jobs touch is destroyed
 };
 
