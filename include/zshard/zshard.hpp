@@ -1,7 +1,7 @@
 #pragma once
 // The library's CPU side in one include: the engine with its default policies, the host and
 // phantom backends, the thread and null communicators, the host Offloader and the memory
-// planner. CUDA and NCCL headers (backend/cuda_backend.hpp, comm/nccl_comm.hpp) are included
+// planner. CUDA and NCCL headers (backend/cuda_backend.hpp, comm/nccl_comm.hpp, comm/nccl_ranks.hpp) are included
 // separately, from translation units built with nvcc.
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/backend/phantom_backend.hpp"

@@ -91,11 +91,12 @@ std::vector<std::string> run_failing(const failure& f, bool& failed_as_scripted)
         CHECK(e.kind() == error_kind::comm);
         CHECK(std::string(e.what()).find("scripted failure") != std::string::npos);
         failed[static_cast<std::size_t>(inner.rank())] = 1;
-        if (f.kind == collective::all_gather) {
-          // The parameter whose gather failed is back to sharded: no parameter holds its buffer.
-          REQUIRE(comm.failed_gather_dst() != nullptr);
-          for (param_id p = 0; p < spec.params().size(); ++p)
-            CHECK(eng.store()[p].gathered().data() != comm.failed_gather_dst());
+        // The buffer the failed call used was freed there and then (on its stream): no parameter
+        // holds it any more, as a gathered value or as a full gradient.
+        REQUIRE(comm.failed_buffer() != nullptr);
+        for (param_id p = 0; p < spec.params().size(); ++p) {
+          CHECK(eng.store()[p].gathered().data() != comm.failed_buffer());
+          CHECK(eng.store()[p].full_grad.data() != comm.failed_buffer());
         }
       }
     }

@@ -41,24 +41,29 @@ class scripted_comm {
   std::size_t calls(collective kind) const noexcept { return calls_[static_cast<std::size_t>(kind)]; }
   std::size_t health_polls() const noexcept { return health_polls_; }
   const std::string& abort_reason() const noexcept { return abort_reason_; }
-  // The destination of the all-gather that failed as scripted (null: none failed).
-  const void* failed_gather_dst() const noexcept { return failed_dst_; }
+  // The buffer of the call that failed as scripted: an all-gather's destination, a reduction's
+  // source (null: none failed). Tests check that no parameter still holds it.
+  const void* failed_buffer() const noexcept { return failed_; }
 
   void all_gather(const void* src, void* dst, std::size_t count, zshard::dtype t, zshard::comm_stream s = {}) {
-    failing_dst_ = dst;
+    failing_ = dst;
     count_call(collective::all_gather, /*before=*/true);
-    failing_dst_ = nullptr;
+    failing_ = nullptr;
     inner_->all_gather(src, dst, count, t, s);
   }
   void reduce_scatter(const void* src, void* dst, std::size_t count, zshard::dtype t, zshard::reduce_op op,
                       zshard::comm_stream s = {}) {
     inner_->reduce_scatter(src, dst, count, t, op, s);
+    failing_ = src;
     count_call(collective::reduce_scatter, /*before=*/false);
+    failing_ = nullptr;
   }
   void all_reduce(const void* src, void* dst, std::size_t count, zshard::dtype t, zshard::reduce_op op,
                   zshard::comm_stream s = {}) {
     inner_->all_reduce(src, dst, count, t, op, s);
+    failing_ = src;
     count_call(collective::all_reduce, /*before=*/false);
+    failing_ = nullptr;
   }
   void broadcast(void* dst, std::size_t count, zshard::dtype t, int root, zshard::comm_stream s = {}) {
     count_call(collective::broadcast, true);
@@ -88,7 +93,7 @@ class scripted_comm {
   void count_call(collective kind, bool before) {
     const std::size_t n = ++calls_[static_cast<std::size_t>(kind)];
     if (kind == fail_kind_ && n == fail_at_) {
-      failed_dst_ = failing_dst_;
+      failed_ = failing_;
       throw zshard::error(zshard::error_kind::comm, std::string("scripted failure of call #") + std::to_string(n) +
                                                         (before ? " (before it was enqueued)" : " (after it ran)"));
     }
@@ -101,8 +106,8 @@ class scripted_comm {
   std::string health_error_;
   std::size_t health_polls_ = 0;
   std::string abort_reason_;
-  const void* failing_dst_ = nullptr;
-  const void* failed_dst_ = nullptr;
+  const void* failing_ = nullptr;
+  const void* failed_ = nullptr;
 };
 
 }  // namespace test_support
