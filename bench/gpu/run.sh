@@ -51,7 +51,7 @@ run_stage() {
   return "${PIPESTATUS[0]}"
 }
 
-say "plan: build <= 180 s, test_cuda <= 150 s, hang test <= 40 s, example <= 30 s, bench <= rest (total ${total} s)"
+say "plan: build <= ${ZSHARD_GPU_BUILD_S:-180} s, test_cuda <= 150 s, hang test <= 40 s, example <= 30 s, bench <= the rest (total ${total} s)"
 gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | head -1)
 nvcc_version=$("$nvcc" --version 2>/dev/null | tail -1)
 say "$(date -u +%Y-%m-%dT%H:%MZ) GPU: ${gpu:-none visible to nvidia-smi}; nvcc: ${nvcc_version:-not found at $nvcc}"
