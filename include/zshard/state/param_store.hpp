@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zshard/comm/communicator.hpp"
 #include "zshard/core/buffer.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/model/model_spec.hpp"
@@ -146,6 +147,17 @@ class param_store {
     slots_[last].set_index_ = s.set_index_;
     gathered_set_.pop_back();
     resident_numel_ -= s.layout.padded_numel;
+  }
+
+  // The identity of the collectives issued now (the engine sets it as each scope opens): a
+  // policy that communicates tags its collectives with tag_for(p, use), so ranks that reduce
+  // different parameters fail instead of mixing them (comm/communicator.hpp, tags_collectives).
+  collective_tag collective_context{};
+  collective_tag tag_for(param_id p, collective_use use) const noexcept {
+    collective_tag t = collective_context;
+    t.param = p;
+    t.use = use;
+    return t;
   }
 
   // Parameters gathering or gathered (replicated ones excluded: they are never in the set).
