@@ -91,7 +91,7 @@ TEST_CASE("a model that differs across ranks is a configuration error on every r
         host_engine eng(backend, comm, toy::make_spec(mc, id), {});
       });
     });
-    CHECK(msg.find("registered different models") != std::string::npos);
+    CHECK(msg.find("ranks disagree on the model") != std::string::npos);
   }
 }
 

@@ -14,8 +14,8 @@ struct replicate_all {
   using zshard_tag = partitioner_tag;
   template <class Backend, class Comm>
   using impl = replicate_all;
-  shard_layout layout(std::size_t numel, int, const partition_config&) const {
-    return {.numel = numel, .shard_numel = numel, .padded_numel = numel, .replicated = true};
+  shard_layout layout(const param_identity& p, int, const partition_config&) const {
+    return {.numel = p.numel(), .shard_numel = p.numel(), .padded_numel = p.numel(), .replicated = true};
   }
 };
 static_assert(check_partitioner<replicate_all>());
@@ -26,7 +26,7 @@ struct data_parallel_policies : default_policies {
 
 // A type that forgot its opt-in tag is not a Partitioner, however well it matches.
 struct untagged {
-  shard_layout layout(std::size_t, int, const partition_config&) const { return {}; }
+  shard_layout layout(const param_identity&, int, const partition_config&) const { return {}; }
 };
 static_assert(partitioner<untagged> && !partitioner_family<untagged>);
 static_assert(partitioner_family<partition::even> && partitioner_family<replicate_all>);

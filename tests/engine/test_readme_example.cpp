@@ -41,8 +41,9 @@ struct replicate_all {
   using zshard_tag = zshard::partitioner_tag;  // opt in: a look-alike never counts
   template <class Backend, class Comm>
   using impl = replicate_all;
-  zshard::shard_layout layout(std::size_t numel, int /*world*/, const zshard::partition_config&) const {
-    return {.numel = numel, .shard_numel = numel, .padded_numel = numel, .replicated = true};
+  // p: the parameter's identity (id, name, shape, dtype), to place parameters by name or kind
+  zshard::shard_layout layout(const zshard::param_identity& p, int /*world*/, const zshard::partition_config&) const {
+    return {.numel = p.numel(), .shard_numel = p.numel(), .padded_numel = p.numel(), .replicated = true};
   }
 };
 static_assert(zshard::check_partitioner<replicate_all>());  // readable errors at the definition

@@ -173,7 +173,7 @@ TEST_CASE("GPT: the ledger proves I5 (resident <= max_live_numel) and I6 (bucket
       for (const auto& m : model.spec.modules()) {
         std::size_t n = 0;
         for (auto p : m.params) {
-          const auto l = part.layout(model.spec.param(p).numel(), world, o.cfg.partition);
+          const auto l = part.layout(zshard::param_identity::of(model.spec, p, o.cfg.param_dtype), world, o.cfg.partition);
           n += l.padded_numel;
           max_param = std::max(max_param, l.padded_numel);
         }

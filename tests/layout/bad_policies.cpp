@@ -19,25 +19,25 @@ struct good_partitioner {
   using zshard_tag = partitioner_tag;
   template <class Backend, class Comm>
   using impl = good_partitioner;
-  shard_layout layout(std::size_t n, int, const partition_config&) const {
-    return {.numel = n, .shard_numel = n, .padded_numel = n, .replicated = true};
+  shard_layout layout(const param_identity& p, int, const partition_config&) const {
+    return {.numel = p.numel(), .shard_numel = p.numel(), .padded_numel = p.numel(), .replicated = true};
   }
 };
 
 struct untagged_partitioner {  // 1: missing tag
   template <class Backend, class Comm>
   using impl = untagged_partitioner;
-  shard_layout layout(std::size_t, int, const partition_config&) const { return {}; }
+  shard_layout layout(const param_identity&, int, const partition_config&) const { return {}; }
 };
 struct implless_partitioner {  // 2: missing impl
   using zshard_tag = partitioner_tag;
-  shard_layout layout(std::size_t, int, const partition_config&) const { return {}; }
+  shard_layout layout(const param_identity&, int, const partition_config&) const { return {}; }
 };
 struct misshapen_partitioner {  // 3: wrong signature
   using zshard_tag = partitioner_tag;
   template <class Backend, class Comm>
   using impl = misshapen_partitioner;
-  shard_layout layout(std::size_t, int) const { return {}; }
+  shard_layout layout(const param_identity&, int) const { return {}; }
 };
 struct derived_partitioner : good_partitioner {};  // 4: inherits the base's self-naming impl
 

@@ -4,6 +4,7 @@
 // loops, uses whose backward never runs). Every backward writes 1 into each gradient element,
 // so the reduced gradient of a parameter is a closed-form count of the backward uses that
 // ran, and a counting Offloader checks each gradient is reduced exactly once (I7).
+#include <algorithm>
 #include <doctest/doctest.h>
 
 #include <mutex>
@@ -128,21 +129,33 @@ void run_and_check(const graph& g, int world) {
       check_scope(scope, u.module);
       if (u.nested >= 0) self(self, std::size_t(u.nested));
     };
+    // A nested use of a module whose backward scope is open runs after that scope closes: two
+    // backward scopes of one module at once are a usage error (the engine refuses them).
+    std::vector<module_id> open_backward;
     auto backward = [&](auto&& self, std::size_t i) -> void {
       const use& u = g.program[i];
       if (u.checkpointed) {
         auto r = eng.recompute(u.module);
         check_scope(r, u.module);
       }
-      auto scope = eng.backward(u.module);
-      check_scope(scope, u.module);
-      for (std::size_t k = 0; k < g.modules[u.module].size(); ++k)
-        if (g.trainable[g.modules[u.module][k]]) {
-          float* gr = scope.grad_data(k);
-          for (std::size_t e = 0; e < scope.param(k).numel(); ++e) gr[e] += 1.0f;
-        }
-      if (u.nested >= 0 && g.program[std::size_t(u.nested)].counted && !g.program[std::size_t(u.nested)].skip_backward)
-        self(self, std::size_t(u.nested));
+      const bool nests = u.nested >= 0 && g.program[std::size_t(u.nested)].counted &&
+                         !g.program[std::size_t(u.nested)].skip_backward;
+      const module_id inner = nests ? g.program[std::size_t(u.nested)].module : module_id(0);
+      const bool defer = nests && (inner == u.module || std::find(open_backward.begin(), open_backward.end(), inner) !=
+                                                            open_backward.end());
+      {
+        auto scope = eng.backward(u.module);
+        check_scope(scope, u.module);
+        for (std::size_t k = 0; k < g.modules[u.module].size(); ++k)
+          if (g.trainable[g.modules[u.module][k]]) {
+            float* gr = scope.grad_data(k);
+            for (std::size_t e = 0; e < scope.param(k).numel(); ++e) gr[e] += 1.0f;
+          }
+        open_backward.push_back(u.module);
+        if (nests && !defer) self(self, std::size_t(u.nested));
+        open_backward.pop_back();
+      }
+      if (defer) self(self, std::size_t(u.nested));
     };
     std::vector<bool> is_nested(g.program.size(), false);
     for (const auto& u : g.program)

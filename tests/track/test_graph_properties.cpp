@@ -74,7 +74,7 @@ void random_budgets(graph& g, int world, std::uint64_t seed) {
   g.cfg.partition.shard_alignment_numel = pick(1, 4);
   partition::even part;
   auto padded = [&](param_id p) {
-    const auto l = part.layout(std::size_t(g.param_sizes[p]), world, g.cfg.partition);
+    const auto l = part.layout({.shape = {std::int64_t(g.param_sizes[p])}}, world, g.cfg.partition);
     return l.replicated ? std::size_t(0) : l.padded_numel;
   };
   // the most that must be resident at once: a chain of nested scopes

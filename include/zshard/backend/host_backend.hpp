@@ -34,6 +34,8 @@ class host_backend {
 
   void* allocate(std::size_t bytes, mem_category c) {
     if (bytes == 0) return nullptr;
+    ZSHARD_REQUIRE(bytes <= ~std::size_t{0} - alignment, error_kind::backend,
+                   "host allocation of " + std::to_string(bytes) + " bytes is larger than any address space");
     ledger_.charge(c, bytes);  // throws before anything is allocated
     const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     void* p = std::aligned_alloc(alignment, rounded);
@@ -46,9 +48,16 @@ class host_backend {
   }
   void deallocate(void* p, std::size_t bytes, mem_category c) noexcept {
     if (!p) return;
+#ifndef NDEBUG
+    poison(p, bytes);  // a view used after its scope reads NaN, not plausible stale weights
+#endif
     std::free(p);
     ledger_.release(c, bytes);
   }
+
+  // Fills with 0xFF bytes: NaN as f32, bf16 and f16 alike. Debug builds poison every released
+  // buffer with it.
+  static void poison(void* p, std::size_t bytes) noexcept { std::memset(p, 0xFF, bytes); }
 
   stream make_stream() { return {}; }
   event make_event() { return {}; }

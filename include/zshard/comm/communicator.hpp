@@ -35,6 +35,9 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "zshard/core/dtype.hpp"
@@ -176,6 +179,108 @@ void grouped(Comm& comm, Issue&& issue) {
     issue();
   }
 }
+
+// ---- collective identity (optional capability) -----------------------------------------------
+// Two same-size collectives look alike to a transport: rank 0 gathering block 3 pairs with rank
+// 1 gathering block 4 and both silently receive a mix of the two (I9). A communicator that can
+// carry a little metadata with each collective takes a collective_tag, the identity of what
+// the collective moves, as an optional last argument after the stream, and fails the
+// collective on every rank (error_kind::comm, naming each rank's tag) when ranks' tags differ.
+//
+// Adopting it in another host communicator (MPI): add `const collective_tag& tag = {}` as the
+// last parameter of all_gather, reduce_scatter, all_reduce and broadcast; before the data moves,
+// exchange the tags (for MPI: an MPI_Allgather of the tag's words(), 32 bytes a rank, or a
+// compare of hashes with MPI_Allreduce max of h and of ~h) and throw error(error_kind::comm,
+// "...: " + describe(tag) ...) on every rank if any differs. Untagged calls (tag.use ==
+// collective_use::untagged) compare like any other tag. tags_collectives<C> then holds and the
+// engine passes its tags. A transport that cannot carry them (NCCL) simply does not take the
+// argument: the engine then relies on its schedule fingerprint (engine/schedule_fingerprint.hpp),
+// compared at every step() before the optimizer applies anything, or at every scope when
+// engine_config::check_every_scope is set.
+enum class collective_use : std::uint8_t {
+  untagged,
+  gather,        // a scope's own parameters
+  gather_ahead,  // gathered ahead for a later scope (Prefetcher)
+  reduce,        // a gradient reduction
+  step_check,    // step(): gradient statistics and the schedule fingerprint
+  scope_check,   // check_every_scope: the schedule fingerprint
+  setup,         // construction: model and settings
+  gather_param,  // engine::gather_param
+  discard,       // engine::discard_gradients
+};
+
+constexpr std::string_view to_string(collective_use u) noexcept {
+  switch (u) {
+    case collective_use::untagged: return "untagged";
+    case collective_use::gather: return "gather";
+    case collective_use::gather_ahead: return "gather ahead";
+    case collective_use::reduce: return "reduce";
+    case collective_use::step_check: return "step check";
+    case collective_use::scope_check: return "scope check";
+    case collective_use::setup: return "setup";
+    case collective_use::gather_param: return "gather_param";
+    case collective_use::discard: return "discard";
+  }
+  return "?";
+}
+
+struct collective_tag {
+  static constexpr std::uint32_t none = 0xffffffffu;
+  collective_use use = collective_use::untagged;
+  std::uint32_t module = none;  // the module whose scope issues it
+  std::uint32_t param = none;   // the parameter it moves
+  std::uint64_t scope = 0;      // the scope number on this rank (scopes opened since construction)
+  std::uint64_t hash = 0;       // the schedule fingerprint when it was issued
+
+  friend bool operator==(const collective_tag&, const collective_tag&) = default;
+};
+
+inline std::string describe(const collective_tag& t) {
+  if (t.use == collective_use::untagged) return "untagged";
+  std::string d(to_string(t.use));
+  if (t.module != collective_tag::none) d += " in scope #" + std::to_string(t.scope) + " of module " + std::to_string(t.module);
+  if (t.param != collective_tag::none) d += ", parameter " + std::to_string(t.param);
+  char h[40];
+  std::snprintf(h, sizeof h, ", schedule %016llx", static_cast<unsigned long long>(t.hash));
+  return d + h;
+}
+
+// A communicator that takes a collective_tag as the last argument of every data collective.
+template <class C>
+concept tags_collectives = requires(C& c, const void* src, void* dst, std::size_t n, dtype t, reduce_op op, int root,
+                                    comm_stream s, const collective_tag& tag) {
+  c.all_gather(src, dst, n, t, s, tag);
+  c.reduce_scatter(src, dst, n, t, op, s, tag);
+  c.all_reduce(src, dst, n, t, op, s, tag);
+  c.broadcast(dst, n, t, root, s, tag);
+};
+
+// The collectives with a tag, passed on where the communicator takes one and dropped where not.
+namespace tagged {
+template <class Comm>
+void all_gather(Comm& c, const void* src, void* dst, std::size_t n, dtype t, comm_stream s, const collective_tag& tag) {
+  if constexpr (tags_collectives<Comm>)
+    c.all_gather(src, dst, n, t, s, tag);
+  else
+    c.all_gather(src, dst, n, t, s);
+}
+template <class Comm>
+void reduce_scatter(Comm& c, const void* src, void* dst, std::size_t n, dtype t, reduce_op op, comm_stream s,
+                    const collective_tag& tag) {
+  if constexpr (tags_collectives<Comm>)
+    c.reduce_scatter(src, dst, n, t, op, s, tag);
+  else
+    c.reduce_scatter(src, dst, n, t, op, s);
+}
+template <class Comm>
+void all_reduce(Comm& c, const void* src, void* dst, std::size_t n, dtype t, reduce_op op, comm_stream s,
+                const collective_tag& tag) {
+  if constexpr (tags_collectives<Comm>)
+    c.all_reduce(src, dst, n, t, op, s, tag);
+  else
+    c.all_reduce(src, dst, n, t, op, s);
+}
+}  // namespace tagged
 
 // `static_assert(check_communicator<my_comm>());` next to a communicator's definition: each
 // missing piece of the contract fails with its own message instead of a wall of template text.

@@ -56,13 +56,19 @@ constexpr const char* to_string(collective c) noexcept {
 // What a rank publishes on entering a collective; peers read it until the exit rendezvous.
 struct comm_slot {
   collective kind = collective::barrier;
-  std::uint64_t seq = 0;  // how many collectives this rank entered before: catches a skipped call
+  // How many collectives this rank entered before. Ranks meet in lock-step, so it is equal on
+  // every rank by construction: it names the collective in messages, and when a rank returns
+  // from run_ranks it tells the ranks still waiting how many collectives it made (a skipped
+  // call surfaces there at once). A skipped call between same-size collectives is caught by
+  // the tags: the next collective's tag (scope, parameter, schedule hash) differs.
+  std::uint64_t seq = 0;
   const void* src = nullptr;
   void* dst = nullptr;
   std::size_t count = 0;
   dtype type = dtype::f32;
   reduce_op op = reduce_op::sum;
   int root = 0;
+  collective_tag tag{};
 };
 
 inline std::string describe(const comm_slot& s) {
@@ -74,6 +80,7 @@ inline std::string describe(const comm_slot& s) {
     if (s.kind == collective::broadcast) d += ", root=" + std::to_string(s.root);
     d += ")";
   }
+  if (s.tag.use != collective_use::untagged) d += " for " + zshard::describe(s.tag);
   return d + " as collective #" + std::to_string(s.seq);
 }
 
@@ -173,6 +180,15 @@ class thread_world {
     return reason_;
   }
 
+  // run_ranks: rank's function returned without an error. A rank waiting in a collective, or
+  // entering one later, fails at once naming it instead of waiting out the timeout.
+  void retire(int rank) {
+    std::lock_guard lk(m_);
+    ranks_[static_cast<std::size_t>(rank)].retired = true;
+    if (arrived_ > 0) poison_locked(rank, retired_message_locked(rank));
+    cv_.notify_all();
+  }
+
  private:
   friend class thread_comm;
 
@@ -181,7 +197,20 @@ class thread_world {
     std::uint64_t next_seq = 0;
     bool arrived = false;  // in the current rendezvous
     bool busy = false;     // between two rendezvous of a collective: may read peers' buffers
+    bool retired = false;  // its run_ranks function returned: it enters no more collectives
   };
+
+  std::string retired_message_locked(int rank) const {
+    const auto& r = ranks_[static_cast<std::size_t>(rank)];
+    std::string waiting;
+    for (int q = 0; q < size_; ++q)
+      if (ranks_[static_cast<std::size_t>(q)].arrived)
+        waiting += (waiting.empty() ? "" : ", ") + std::to_string(q) + " (in " +
+                   detail::describe(ranks_[static_cast<std::size_t>(q)].slot) + ")";
+    return "rank " + std::to_string(rank) + " returned from its run_ranks function after " +
+           std::to_string(r.next_seq) + " collective(s) while rank(s) " + (waiting.empty() ? "?" : waiting) +
+           " wait for it: it skipped collectives the others made";
+  }
 
   void poison_locked(int origin, std::string reason) {
     if (!poisoned_) {
@@ -209,10 +238,13 @@ class thread_world {
     for (int q = 1; q < size_; ++q) {
       const detail::comm_slot& b = ranks_[static_cast<std::size_t>(q)].slot;
       if (b.kind != a.kind || b.seq != a.seq || b.count != a.count || b.type != a.type || b.op != a.op ||
-          b.root != a.root)
+          b.root != a.root || !(b.tag == a.tag))
         diff += ", rank " + std::to_string(q) + " called " + detail::describe(b);
     }
-    return diff.empty() ? diff : "collective mismatch: rank 0 called " + detail::describe(a) + diff;
+    if (diff.empty()) return diff;
+    const bool schedules = a.tag.use != collective_use::untagged;
+    return std::string(schedules ? "ranks diverged (different schedules): " : "collective mismatch: ") +
+           "rank 0 called " + detail::describe(a) + diff;
   }
 
   // One rendezvous of `rank`. `publish` is set on a collective's first rendezvous (its
@@ -230,6 +262,11 @@ class thread_world {
       me.slot.seq = me.next_seq++;
     }
     me.arrived = true;
+    for (int q = 0; q < size_; ++q)
+      if (ranks_[static_cast<std::size_t>(q)].retired) {
+        poison_locked(q, retired_message_locked(q));
+        throw aborted_error(rank, what);
+      }
     const std::uint64_t gen = generation_;
     if (++arrived_ == size_) {
       if (publish) mismatch_ = validate_locked();
@@ -302,13 +339,13 @@ class thread_comm {
   int size() const noexcept { return world_->size(); }
   thread_world& world() const noexcept { return *world_; }
 
-  void all_gather(const void* src, void* dst, std::size_t count, dtype t, comm_stream = {}) {
+  void all_gather(const void* src, void* dst, std::size_t count, dtype t, comm_stream = {}, const collective_tag& tag = {}) {
     const std::size_t block = count * size_of(t);
     check_pointers("all_gather", src, dst, count);
     if (detail::overlaps(src, block, dst, block * static_cast<std::size_t>(size())) &&
         src != static_cast<const std::byte*>(dst) + block * static_cast<std::size_t>(rank_))
       throw error(error_kind::usage, "all_gather: src overlaps dst other than as dst + rank() * count (in place)");
-    enter({detail::collective::all_gather, 0, src, dst, count, t, reduce_op::sum, 0});
+    enter({detail::collective::all_gather, 0, src, dst, count, t, reduce_op::sum, 0, tag});
     auto* out = static_cast<std::byte*>(dst);
     for (int q = 0; q < size() && block != 0; ++q) {
       const void* from = world_->slot(q).src;
@@ -319,7 +356,7 @@ class thread_comm {
   }
 
   // op: sum or average (max is not part of the reduce_scatter contract, see communicator.hpp).
-  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream = {}) {
+  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream = {}, const collective_tag& tag = {}) {
     ZSHARD_REQUIRE(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
                    "use all_reduce with reduce_op::max");
     const std::size_t block = count * size_of(t);
@@ -327,7 +364,7 @@ class thread_comm {
     if (detail::overlaps(src, block * static_cast<std::size_t>(size()), dst, block) &&
         dst != static_cast<const std::byte*>(src) + block * static_cast<std::size_t>(rank_))
       throw error(error_kind::usage, "reduce_scatter: dst overlaps src other than as src + rank() * count (in place)");
-    enter({detail::collective::reduce_scatter, 0, src, dst, count, t, op, 0});
+    enter({detail::collective::reduce_scatter, 0, src, dst, count, t, op, 0, tag});
     detail::visit_dtype(t, [&](auto tag) {
       using T = decltype(tag);
       reduce_range<T>(count * static_cast<std::size_t>(rank_), count, op,
@@ -340,12 +377,12 @@ class thread_comm {
 
   // src == dst is allowed. Rank r reduces slice r of the elements and writes it to every
   // rank's dst, so the work is split n ways and each slice is reduced exactly once.
-  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream = {}) {
+  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream = {}, const collective_tag& tag = {}) {
     const std::size_t bytes = count * size_of(t);
     check_pointers("all_reduce", src, dst, count);
     if (src != dst && detail::overlaps(src, bytes, dst, bytes))
       throw error(error_kind::usage, "all_reduce: src and dst overlap without being equal");
-    enter({detail::collective::all_reduce, 0, src, dst, count, t, op, 0});
+    enter({detail::collective::all_reduce, 0, src, dst, count, t, op, 0, tag});
     const auto [lo, hi] = detail::split_range(count, size(), rank_);
     detail::visit_dtype(t, [&, lo = lo, hi = hi](auto tag) {
       using T = decltype(tag);
@@ -358,11 +395,11 @@ class thread_comm {
     leave(detail::collective::all_reduce);
   }
 
-  void broadcast(void* dst, std::size_t count, dtype t, int root, comm_stream = {}) {
+  void broadcast(void* dst, std::size_t count, dtype t, int root, comm_stream = {}, const collective_tag& tag = {}) {
     ZSHARD_REQUIRE(root >= 0 && root < size(), error_kind::usage,
                    "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size()));
     check_pointers("broadcast", dst, dst, count);
-    enter({detail::collective::broadcast, 0, nullptr, dst, count, t, reduce_op::sum, root});
+    enter({detail::collective::broadcast, 0, nullptr, dst, count, t, reduce_op::sum, root, tag});
     const void* from = world_->slot(root).dst;
     if (rank_ != root && count != 0 && from != dst) std::memcpy(dst, from, count * size_of(t));
     leave(detail::collective::broadcast);
@@ -404,6 +441,7 @@ class thread_comm {
 };
 
 static_assert(check_communicator<thread_comm>());
+static_assert(tags_collectives<thread_comm>, "thread_comm checks collective tags (communicator.hpp)");
 
 // Runs fn(thread_comm&) on `world_size` threads, one per rank, and joins them. If any rank
 // throws, the world is aborted so the others stop instead of hanging, and the root failure
@@ -417,6 +455,7 @@ void run_ranks(int world_size, F&& fn, std::chrono::milliseconds timeout = defau
     try {
       thread_comm comm(world, r);
       fn(comm);
+      world.retire(r);  // the others fail now, not at the timeout, if they still wait for this rank
     } catch (const std::exception& e) {
       errors[static_cast<std::size_t>(r)] = std::current_exception();
       world.abort(e.what(), r);

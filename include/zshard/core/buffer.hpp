@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <utility>
 
+#include "zshard/core/checked_size.hpp"
 #include "zshard/core/dtype.hpp"
 #include "zshard/core/memory_ledger.hpp"
 
@@ -20,11 +21,13 @@ class buffer {
   buffer() = default;
   buffer(Backend& b, dtype type, std::size_t numel, mem_category c)
       : backend_(&b), type_(type), numel_(numel), category_(c) {
+    checked_mul(numel, size_of(type), "buffer bytes");
     data_ = b.allocate(bytes(), c);
   }
   template <class Stream>
   buffer(Backend& b, dtype type, std::size_t numel, mem_category c, Stream& s)
       : backend_(&b), type_(type), numel_(numel), category_(c) {
+    checked_mul(numel, size_of(type), "buffer bytes");
     if constexpr (requires { b.allocate(bytes(), c, s); })
       data_ = b.allocate(bytes(), c, s);
     else

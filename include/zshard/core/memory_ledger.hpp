@@ -66,7 +66,12 @@ class memory_ledger {
   // Accounts `bytes` more in category `c`; throws error_kind::budget and changes nothing when
   // the total would exceed the budget.
   void charge(mem_category c, std::size_t bytes) {
-    const std::size_t new_total = total_ + bytes;
+    std::size_t new_total;
+    if (__builtin_add_overflow(total_, bytes, &new_total)) [[unlikely]]
+      throw error(error_kind::budget,
+                  name_ + ": request of " + std::to_string(bytes) + " bytes for " + std::string(to_string(c)) +
+                      " overflows the byte count (in use " + std::to_string(total_) + ")",
+                  "a size computation upstream is wrong: no allocation is this large");
     if (budget_ && new_total > *budget_) {
       std::ostringstream os;
       os << name_ << ": request of " << bytes << " bytes (" << format_bytes(double(bytes)) << ") for "

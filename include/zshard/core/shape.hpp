@@ -23,6 +23,11 @@ class shape {
                      "a parameter with no elements cannot be sharded; drop it from the model spec");
       dims_[static_cast<std::size_t>(rank_++)] = d;
     }
+    std::int64_t n = 1;
+    for (int i = 0; i < rank_; ++i)
+      ZSHARD_REQUIRE(!__builtin_mul_overflow(n, dims_[static_cast<std::size_t>(i)], &n), error_kind::config,
+                     "shape " + to_string() + " has more elements than a 64-bit count holds",
+                     "check the dimensions: no real tensor is this large");
   }
 
   int rank() const noexcept { return rank_; }

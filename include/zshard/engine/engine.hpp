@@ -22,8 +22,13 @@
 #include "zshard/comm/communicator.hpp"
 #include "zshard/engine/comm_watch.hpp"
 #include "zshard/engine/default_policies.hpp"
+#include "zshard/engine/engine_checks.hpp"
 #include "zshard/engine/engine_config.hpp"
 #include "zshard/engine/module_scope.hpp"
+#include "zshard/engine/open_scopes.hpp"
+#include "zshard/engine/rank_agreement.hpp"
+#include "zshard/engine/schedule_fingerprint.hpp"
+#include "zshard/engine/settings_check.hpp"
 #include "zshard/engine/residency.hpp"
 #include "zshard/engine/step_report.hpp"
 #include "zshard/offload/offloader.hpp"
@@ -84,15 +89,17 @@ class engine {
         watch_(backend, comm_, reduce_comm_),
         spec_(validated(std::move(spec))),
         cfg_(validated(std::move(cfg), comm.rank())),
-        layouts_(make_layouts()),
+        layouts_(engine_checks::make_layouts(partitioner_, spec_, cfg_, comm.size())),
         store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap, compute ? &*compute : nullptr),
         offloader_(store_, comm, cfg_.adamw, cfg_.offload),
         reducer_(store_, reduce_comm_, cfg_.reduce),
         residency_(store_, comm, prefetcher_, cfg_.prefetch),
+        agreement_(backend, comm, store_.streams(), spec_),
         scaler_(cfg_.loss_scale),
         lr_(cfg_.adamw.lr) {
-    check_same_model_on_every_rank();
-    check_module_sizes();
+    if constexpr (Backend::holds_storage) agreement_.check_settings(schedule_settings(spec_, cfg_, layouts_, comm_.size()));
+    engine_checks::module_sizes(spec_, residency_, cfg_);
+    scopes_.reset(spec_.modules().size());
     tracker_.reset(spec_);
     prefetcher_.reset(spec_, layouts_, cfg_.prefetch, cfg_.log);
     initialize_parameters();
@@ -102,18 +109,30 @@ class engine {
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
   // Waits for work still queued on the role streams (a gather ahead, say), so that no buffer
-  // is freed under it. Destroyed while an exception unwinds, or broken, the engine aborts its
-  // communicators first where they can abort (NCCL): its peers may be waiting for collectives
-  // it will never issue, and its own queued collectives for theirs; waiting would hang.
+  // is freed under it. Never throws. Destroyed while an exception unwinds, or broken, the engine
+  // aborts its communicators first where they can abort (NCCL): its peers may be waiting for
+  // collectives it will never issue, and its own queued collectives for theirs; waiting would
+  // hang. Scopes still open are detached (using one afterwards is a usage error) and reported on
+  // the log: destroying the engine first is a bug in the training loop.
   ~engine() {
     const bool failing = std::uncaught_exceptions() > uncaught_at_construction_ || broken_;
     if (failing) watch_.abort_all("an engine was destroyed while an exception was in flight");
+    if (scopes_.count() > 0) {
+      const std::string names = scopes_.orphan_all(spec_);
+      try {
+        cfg_.say("engine destroyed with module scope(s) " + names + " still open; they are detached");
+      } catch (...) {
+      }
+    }
     try {
       store_.streams().synchronize_all();
     } catch (...) {
       // already failed (a collective timed out, a device error): the backend reports it again
     }
-    if (activation_bytes_) backend_.ledger().release(mem_category::activations, activation_bytes_);
+    try {
+      if (activation_bytes_) backend_.ledger().release(mem_category::activations, activation_bytes_);
+    } catch (...) {
+    }
   }
 
   // ---- the scopes ----------------------------------------------------------------------------
@@ -121,7 +140,7 @@ class engine {
   scope forward(module_id m, use_kind kind = use_kind::counted) {
     ZSHARD_REQUIRE(kind != use_kind::recompute, error_kind::usage, "use recompute(m) for a checkpointed re-run");
     enter_scope(m, kind, false);
-    return scope(this, m, false);
+    return scope(this, m, false);  // registers itself where it lives (guaranteed elision: no move)
   }
   // Re-runs a checkpointed module's forward during backward: gathers, never counts (I1).
   scope recompute(module_id m) {
@@ -135,22 +154,25 @@ class engine {
   }
 
   void begin_backward() {
-    rethrow_if_broken();
-    ZSHARD_REQUIRE(open_scopes_ == 0, error_kind::usage,
-                   "begin_backward() with " + std::to_string(open_scopes_) + " module scope(s) still open");
+    rethrow_if_unusable();
+    ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage,
+                   "begin_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open");
     tracker_.on_begin_backward();
+    fp_.on_event(schedule_event::begin_backward);
   }
 
   // Ends a micro-batch's backward: sweeps uses whose backward never ran (I3), flushes the
   // Reducer and releases every non-persistent gathered parameter.
   void end_backward() {
-    rethrow_if_broken();
-    ZSHARD_REQUIRE(open_scopes_ == 0, error_kind::usage,
-                   "end_backward() with " + std::to_string(open_scopes_) + " module scope(s) still open");
+    rethrow_if_unusable();
+    ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage,
+                   "end_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open");
     completed_.clear();
     tracker_.on_end_backward(completed_, swept_);
+    fp_.on_event(schedule_event::end_backward);
     for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
     reducer_.flush(offloader_);
+    engine_checks::no_full_gradient_left(store_);  // I7, checked by the engine itself
     residency_.end_holds();  // I3: holds end here
     check(residency_.resident_by_scan() == store_.resident_numel(),
           "resident elements disagree with the gathered set (I5)");
@@ -162,8 +184,8 @@ class engine {
   // The optimizer step over all micro-batches since the last one: global gradient norm and
   // overflow check, clipping, AdamW, new working shards. Every rank decides identically.
   step_report step() {
-    rethrow_if_broken();
-    ZSHARD_REQUIRE(open_scopes_ == 0, error_kind::usage, "step() with module scopes still open");
+    rethrow_if_unusable();
+    ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage, "step() with module scopes still open");
     tracker_.on_step();
     ZSHARD_REQUIRE(micro_batches_ > 0, error_kind::usage, "step() without a backward since the last step",
                    "run at least one forward/begin_backward/backward/end_backward before step()");
@@ -173,7 +195,18 @@ class engine {
     swept_.clear();
 
     store_.streams().order(stream_role::compute, stream_role::reduce);  // the Offloader reads gradient shards
-    const auto [sum_squares, overflow] = global_grad_stats();
+    fp_.on_event(schedule_event::step);
+    // Before anything is applied: ranks whose schedules differ fail here, on every rank (I9).
+    global_grad_stats g;
+    try {
+      g = agreement_.at_step(offloader_.local_grad_stats(), fp_);
+    } catch (...) {
+      offloader_.discard_grads();
+      broken_ = std::current_exception();
+      throw;
+    }
+    fp_.start_step();
+    const auto [sum_squares, overflow] = g;
     const double denom = double(micro_batches_) * double(scaler_.scale());
     r.grad_norm = std::sqrt(sum_squares) / denom;
     if (overflow) {
@@ -222,6 +255,7 @@ class engine {
   // Collective: every rank calls it; returns p's full value as f32 (tests, checkpoints, eval).
   std::vector<float> gather_param(param_id p) {
     rethrow_if_broken();
+    engine_checks::param_id_in_range(spec_, p, "gather_param");
     const auto& s = store_[p];
     auto& streams = store_.streams();
     buffer<Backend> staging = scratch(dtype::f32, s.layout.padded_numel);
@@ -230,8 +264,8 @@ class engine {
                        streams.on(stream_role::compute));
     } else {
       buffer<Backend> full = scratch(s.type, s.layout.padded_numel);
-      comm_.all_gather(s.shard.data(), full.data(), s.layout.shard_numel, s.type,
-                       streams.collective_on(stream_role::compute));
+      tagged::all_gather(comm_, s.shard.data(), full.data(), s.layout.shard_numel, s.type,
+                         streams.collective_on(stream_role::compute), {collective_use::gather_param, collective_tag::none, p});
       backend_.convert(full.data(), s.type, staging.data(), dtype::f32, s.layout.numel,
                        streams.on(stream_role::compute));
     }
@@ -243,7 +277,10 @@ class engine {
 
   const model_spec& spec() const noexcept { return spec_; }
   const engine_config& config() const noexcept { return cfg_; }
-  const shard_layout& layout(param_id p) const noexcept { return layouts_[p]; }
+  const shard_layout& layout(param_id p) const {
+    engine_checks::param_id_in_range(spec_, p, "layout");
+    return layouts_[p];
+  }
   Backend& backend() noexcept { return backend_; }
   Comm& comm() noexcept { return comm_; }
   // The communicator of gradient reductions: comm() unless the engine was given another.
@@ -259,7 +296,36 @@ class engine {
   const offloader_type& offloader() const noexcept { return offloader_; }
   const prefetcher_type& prefetcher() const noexcept { return prefetcher_; }
   const reducer_type& reducer() const noexcept { return reducer_; }
-  int open_scopes() const noexcept { return open_scopes_; }
+  int open_scopes() const noexcept { return scopes_.count(); }
+  // The running schedule fingerprint (engine/schedule_fingerprint.hpp).
+  const schedule_fingerprint& schedule() const noexcept { return fp_; }
+
+  // Collective: every rank calls it. Drops every gradient accumulated since the last step (the
+  // micro-batches before included: their reduced sums are mixed into the same shards), so a
+  // micro-batch whose backward failed half-way is never applied, and puts the engine back at
+  // the start of a step: nothing gathered, nothing pending, the schedule resynchronised across
+  // ranks (which may have stopped at different points). Required after a scope was left by an
+  // exception. It cannot repair an engine broken by a failed collective.
+  void discard_gradients() {
+    rethrow_if_broken();
+    ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage, "discard_gradients() with module scopes still open",
+                   "let the scopes of the failed micro-batch close (or unwind) first");
+    agreement_.resynchronize(fp_);
+    fp_.on_event(schedule_event::discard);
+    if constexpr (requires { reducer_.discard(); })
+      reducer_.discard();
+    else
+      reducer_.flush(offloader_);
+    for (param_id p = 0; p < store_.size(); ++p) store_[p].full_grad.reset_on(store_.streams().on(stream_role::compute));
+    tracker_.reset(spec_);
+    residency_.end_holds();
+    residency_.release_unpinned();
+    offloader_.discard_grads();
+    prefetcher_.on_step();
+    micro_batches_ = 0;
+    swept_.clear();
+    abandoned_.clear();
+  }
 
  private:
   friend scope;
@@ -288,48 +354,6 @@ class engine {
     return c;
   }
 
-  std::vector<shard_layout> make_layouts() const {
-    std::vector<shard_layout> l;
-    l.reserve(spec_.params().size());
-    for (const auto& p : spec_.params()) l.push_back(partitioner_.layout(p.numel(), comm_.size(), cfg_.partition));
-    return l;
-  }
-
-  // Ranks that disagree on the model would issue mismatched collectives: catch it up front.
-  void check_same_model_on_every_rank() {
-    if constexpr (Backend::holds_storage) {
-      std::uint64_t fp = spec_.fingerprint() ^ (std::uint64_t(cfg_.param_dtype) << 56) ^
-                         (cfg_.partition.persistence_threshold_numel * 0x9e3779b97f4a7c15ull) ^
-                         cfg_.partition.shard_alignment_numel;
-      const auto world = static_cast<std::size_t>(comm_.size());
-      std::vector<std::uint64_t> all(world);
-      buffer<Backend> mine = scratch(dtype::f32, 2);
-      buffer<Backend> gathered = scratch(dtype::f32, 2 * world);
-      auto& streams = store_.streams();
-      backend_.copy(mine.data(), &fp, sizeof fp, streams.on(stream_role::compute));
-      // 64 bits as two f32 words: a copy
-      comm_.all_gather(mine.data(), gathered.data(), 2, dtype::f32, streams.collective_on(stream_role::compute));
-      backend_.copy(all.data(), gathered.data(), world * sizeof fp, streams.on(stream_role::compute));
-      backend_.synchronize(streams.on(stream_role::compute));
-      for (std::size_t r = 0; r < world; ++r)
-        ZSHARD_REQUIRE(all[r] == fp, error_kind::config,
-                       "rank " + std::to_string(comm_.rank()) + " and rank " + std::to_string(r) +
-                           " registered different models or partition settings",
-                       "build the same model_spec and engine_config on every rank");
-    }
-  }
-
-  void check_module_sizes() const {
-    for (module_id m = 0; m < spec_.modules().size(); ++m) {
-      const std::size_t n = residency_.module_gathered_numel(m);
-      ZSHARD_REQUIRE(
-          n <= cfg_.prefetch.max_live_numel || cfg_.prefetch.allow_oversized_module, error_kind::config,
-          "module '" + spec_.module(m).name + "' needs " + std::to_string(n) +
-              " gathered elements, more than max_live_numel = " + std::to_string(cfg_.prefetch.max_live_numel),
-          "raise max_live_numel, split the module, or set allow_oversized_module");
-    }
-  }
-
   // Rank r computes exactly its shard's initial values from the global element index.
   void initialize_parameters() {
     if constexpr (Backend::holds_storage) {
@@ -352,34 +376,82 @@ class engine {
   }
 
   // ---- scopes --------------------------------------------------------------------------------
+  // Exception-safe: the residency rolls back its own pins and gathers, gradient buffers made
+  // here are freed, the tracker is told last (its checks throw before it changes anything) and
+  // the fingerprint is restored, so a failed open leaves the engine as it was.
   void enter_scope(module_id m, use_kind kind, bool is_backward) {
-    rethrow_if_broken();
-    ZSHARD_REQUIRE(m < spec_.modules().size(), error_kind::usage, "module id " + std::to_string(m) + " does not exist");
-    if (is_backward)
+    rethrow_if_unusable();
+    engine_checks::module_id_in_range(spec_, m);
+    scopes_.check_can_open(spec_, m, is_backward);
+    if (is_backward)  // a usage error here changes nothing
       tracker_.on_backward(m);
     else
       tracker_.on_forward(m, kind);
-    ahead_.clear();
-    prefetcher_.on_scope_enter(m, kind, ahead_);
-    residency_.open(m, ahead_);
-    if (is_backward) {
-      for (param_id p : spec_.module(m).params) {
-        auto& s = store_[p];
-        if (!s.spec->trainable || s.full_grad) continue;
-        auto& compute = store_.streams().on(stream_role::compute);
-        s.full_grad = buffer<Backend>(backend_, dtype::f32, s.layout.padded_numel, mem_category::grad_buckets, compute);
-        backend_.fill_zero(s.full_grad.data(), s.full_grad.bytes(), compute);
-      }
+    const auto saved = fp_.save();
+    fp_.on_scope(m, kind, is_backward);
+    store_.collective_context = fp_.tag(collective_use::gather, m);
+    made_grads_.clear();
+    int stage = 0;  // 1: the Prefetcher saw the scope, 2: the residency opened it
+    try {
+      if (cfg_.check_every_scope) agreement_.at_scope(fp_);
+      ahead_.clear();
+      prefetcher_.on_scope_enter(m, kind, ahead_);
+      stage = 1;
+      residency_.open(m, ahead_, store_.collective_context);
+      stage = 2;
+      if (is_backward) make_full_grads(m);
+    } catch (const error& e) {
+      undo_open(m, kind, is_backward, stage, saved);
+      if (e.kind() != error_kind::comm) throw;
+      throw error(e.kind(),
+                  e.message() + " [rank " + std::to_string(comm_.rank()) + " was opening " +
+                      engine_checks::scope_name(spec_, m, kind, is_backward) + " as scope #" +
+                      std::to_string(fp_.scopes() + 1) + "]",
+                  e.hint());
+    } catch (...) {
+      undo_open(m, kind, is_backward, stage, saved);
+      throw;
     }
-    ++open_scopes_;
+  }
+  void opened_scope(scope* s) noexcept { scopes_.opened(s, s->module(), s->is_backward()); }
+
+  void make_full_grads(module_id m) {
+    auto& compute = store_.streams().on(stream_role::compute);
+    for (param_id p : spec_.module(m).params) {
+      auto& s = store_[p];
+      if (!s.spec->trainable || s.full_grad) continue;
+      s.full_grad = buffer<Backend>(backend_, dtype::f32, s.layout.padded_numel, mem_category::grad_buckets, compute);
+      made_grads_.push_back(p);
+      backend_.fill_zero(s.full_grad.data(), s.full_grad.bytes(), compute);
+    }
+  }
+
+  // Rolls back a scope whose open failed; the policies that can take back what they were told
+  // (optional on_scope_failed, see track/hook_tracker.hpp and prefetch/prefetcher.hpp) do.
+  void undo_open(module_id m, use_kind kind, bool is_backward, int stage,
+                 const schedule_fingerprint::saved& saved) noexcept {
+    fp_.restore(saved);
+    for (param_id p : made_grads_) store_[p].full_grad.reset_on(store_.streams().on(stream_role::compute));
+    try {
+      if (stage >= 2) residency_.close(m, false);
+      if constexpr (requires { prefetcher_.on_scope_failed(m, kind); })
+        if (stage >= 1) prefetcher_.on_scope_failed(m, kind);
+      if constexpr (requires { tracker_.on_scope_failed(m, kind, is_backward); })
+        tracker_.on_scope_failed(m, kind, is_backward);
+    } catch (...) {
+      broken_ = std::current_exception();
+    }
   }
 
   // A failure half-way through closing a scope (a collective in the Reducer, an invariant)
   // leaves pins and counts inconsistent, so it breaks the engine: every later call rethrows it.
-  void exit_scope(module_id m, bool is_backward) {
+  void exit_scope(scope* sc) {
     rethrow_if_broken();
+    const module_id m = sc->module();
+    const bool is_backward = sc->is_backward();
+    sc->end();
+    scopes_.ended(sc, m, is_backward);
     try {
-      --open_scopes_;
       store_.streams().note_work(stream_role::compute);  // the scope's own kernels, before any reduction of them
       if (is_backward) {
         completed_.clear();
@@ -393,13 +465,30 @@ class engine {
     }
   }
 
-  void exit_scope_nothrow(module_id m, bool is_backward) noexcept {
+  void exit_scope_nothrow(scope* sc) noexcept {
     try {
-      exit_scope(m, is_backward);
+      exit_scope(sc);
     } catch (...) {
       // kept in broken_ by exit_scope (or already there): the next engine call rethrows it
     }
   }
+
+  // A scope destroyed by an exception: released without a collective; the engine then waits
+  // for discard_gradients().
+  void abandon_scope(scope* sc) noexcept {
+    const module_id m = sc->module();
+    const bool is_backward = sc->is_backward();
+    sc->end();
+    scopes_.ended(sc, m, is_backward);
+    try {
+      abandoned_ = engine_checks::scope_name(spec_, m, use_kind::counted, is_backward);
+      residency_.close(m, false);
+    } catch (...) {
+      if (!broken_) broken_ = std::current_exception();
+    }
+  }
+
+  void moved_scope(scope* from, scope* to) noexcept { scopes_.moved(from, to); }
 
   const_view param_view(module_id m, std::size_t k) const {
     const auto& params = spec_.module(m).params;
@@ -420,27 +509,6 @@ class engine {
     return {s.full_grad.data(), dtype::f32, s.spec->shape};
   }
 
-  // ---- step helpers --------------------------------------------------------------------------
-  struct global_stats {
-    double sum_squares;
-    bool overflow;
-  };
-  // All-reduces (sum of squares, overflow flag). The double sum travels as a hi/lo pair of
-  // floats so the global norm keeps about 48 bits instead of 24.
-  global_stats global_grad_stats() {
-    const grad_stats local = offloader_.local_grad_stats();
-    const float hi = static_cast<float>(local.sum_squares);
-    float msg[3] = {hi, static_cast<float>(local.sum_squares - double(hi)), local.nonfinite ? 1.0f : 0.0f};
-    auto& streams = store_.streams();
-    buffer<Backend> dev = scratch(dtype::f32, 3);
-    backend_.copy(dev.data(), msg, sizeof msg, streams.on(stream_role::compute));
-    comm_.all_reduce(dev.data(), dev.data(), 3, dtype::f32, reduce_op::sum, streams.collective_on(stream_role::compute));
-    backend_.copy(msg, dev.data(), sizeof msg, streams.on(stream_role::compute));
-    backend_.synchronize(streams.on(stream_role::compute));
-    const double sum = double(msg[0]) + double(msg[1]);
-    return {sum, msg[2] > 0.0f || !std::isfinite(sum)};
-  }
-
   // Scratch for the engine's own compute work, allocated in the compute stream's order (the
   // training stack's stream when it brought one), so that work on it may use it at once.
   buffer<Backend> scratch(dtype t, std::size_t n) {
@@ -456,6 +524,16 @@ class engine {
   }
   void rethrow_if_broken() const {
     if (broken_) std::rethrow_exception(broken_);
+  }
+  void rethrow_if_unusable() const {
+    if (broken_ || !abandoned_.empty()) [[unlikely]]
+      throw_unusable();
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void throw_unusable() const {
+    rethrow_if_broken();
+    throw error(error_kind::usage,
+                "the " + abandoned_ + " scope was left by an exception, so this micro-batch's gradients are partial",
+                "call discard_gradients() on every rank, then run the micro-batch again");
   }
 
   Backend& backend_;
@@ -473,11 +551,15 @@ class engine {
   tracker_type tracker_{};
   prefetcher_type prefetcher_{};
   residency<Backend, Comm, prefetcher_type> residency_;
+  rank_agreement<Backend, Comm> agreement_;
+  schedule_fingerprint fp_;
+  scope_registry<scope> scopes_;
+  std::vector<param_id> made_grads_;  // gradient buffers made by the scope being opened
+  std::string abandoned_;  // the scope left by an exception, until discard_gradients()
   optim::loss_scaler scaler_;
   float lr_;
   std::int64_t step_ = 0;
   int micro_batches_ = 0;
-  int open_scopes_ = 0;
   std::size_t activation_bytes_ = 0;
   std::vector<param_id> completed_;
   std::vector<param_id> ahead_;

@@ -31,6 +31,13 @@ struct engine_config {
   // backend has role streams (CUDA; with NCCL, create the communicator with
   // nccl_completion::enqueue, or each collective blocks the host until done). Off: one stream.
   bool overlap = true;
+  // Ranks that run different schedules (different modules, order or routing) are always caught
+  // before the optimizer applies anything: each collective carries its identity where the
+  // communicator takes tags (threads; see communicator.hpp), and the schedule fingerprints are
+  // compared at every step(). Set this to also compare them at every scope, before its gathers:
+  // one small all_gather per scope, for communicators that cannot carry tags (NCCL) when a
+  // divergence must be caught where it happens rather than at the step.
+  bool check_every_scope = false;
   // Where the engine and its policies say things worth a human's attention (a prefetch trace
   // divergence, swept uses). Empty: standard error, prefixed "zshard: ".
   log_sink log{};

@@ -6,7 +6,13 @@
 //
 // close() reports failures as exceptions. The destructor cannot throw: a failure there marks
 // the engine broken and the next engine call rethrows it (so a failed collective is never lost).
+// A scope left by an exception (destroyed while unwinding) is abandoned, not closed: nothing
+// is reduced (no collective runs from an unwinding destructor), its parameters are released,
+// and the engine refuses to go on until engine::discard_gradients() on every rank.
+// A scope that outlives its engine is detached by the engine's destructor (which reports it);
+// using it afterwards is a usage error.
 #include <cstddef>
+#include <exception>
 #include <utility>
 
 #include "zshard/core/tensor_view.hpp"
@@ -14,21 +20,37 @@
 
 namespace zshard {
 
+template <class Scope>
+class scope_registry;
+
 template <class Engine>
 class module_scope {
  public:
   module_scope(const module_scope&) = delete;
   module_scope& operator=(const module_scope&) = delete;
   module_scope(module_scope&& o) noexcept
-      : engine_(std::exchange(o.engine_, nullptr)), module_(o.module_), backward_(o.backward_) {}
+      : engine_(std::exchange(o.engine_, nullptr)),
+        module_(o.module_),
+        backward_(o.backward_),
+        orphaned_(o.orphaned_) {
+    if (engine_) engine_->moved_scope(&o, this);
+  }
   module_scope& operator=(module_scope&&) = delete;
   ~module_scope() {
-    if (engine_) engine_->exit_scope_nothrow(module_, backward_);
+    if (!engine_) return;
+    // Unwinding: destroyed by an exception. (Asked here only, not at open: a scope opened and
+    // closed by the destructor of an object unwinding would count as abandoned, a rare case
+    // that discard_gradients() handles; the check at open would cost every scope a call.)
+    if (std::uncaught_exceptions() > 0)
+      engine_->abandon_scope(this);
+    else
+      engine_->exit_scope_nothrow(this);
   }
 
   // Ends the scope now; errors (a failed collective, an invariant) are thrown here.
   void close() {
-    if (auto* e = std::exchange(engine_, nullptr)) e->exit_scope(module_, backward_);
+    if (orphaned_) live();
+    if (engine_) engine_->exit_scope(this);
   }
 
   module_id module() const noexcept { return module_; }
@@ -54,9 +76,23 @@ class module_scope {
 
  private:
   friend Engine;
-  module_scope(Engine* e, module_id m, bool backward) noexcept : engine_(e), module_(m), backward_(backward) {}
+  template <class>
+  friend class scope_registry;
+  module_scope(Engine* e, module_id m, bool backward) noexcept
+      : engine_(e), module_(m), backward_(backward) {
+    e->opened_scope(this);
+  }
+
+  // The engine ends the scope (closed, abandoned) or, from its destructor, detaches it.
+  void end() noexcept { engine_ = nullptr; }
+  void orphan() noexcept {
+    engine_ = nullptr;
+    orphaned_ = true;
+  }
 
   Engine& live() const {
+    ZSHARD_REQUIRE(!orphaned_, error_kind::usage, "this scope outlived its engine (destroyed with the scope open)",
+                   "close every scope before destroying the engine");
     ZSHARD_REQUIRE(engine_ != nullptr, error_kind::usage, "this scope was closed or moved from");
     return *engine_;
   }
@@ -64,6 +100,9 @@ class module_scope {
   Engine* engine_;
   module_id module_;
   bool backward_;
+  bool orphaned_ = false;
+  module_scope* prev_ = nullptr;  // the engine's list of open scopes (engine/open_scopes.hpp)
+  module_scope* next_ = nullptr;
 };
 
 }  // namespace zshard

@@ -36,16 +36,32 @@ class residency {
   // A scope of m opens: make room, gather and pin m's parameters, check the budget, make
   // compute wait for their gathers (those issued now, or ahead earlier), then gather what the
   // Prefetcher asked for ahead while it fits. Each set of gathers is launched as one group
-  // where the communicator can.
-  void open(module_id m, const std::vector<param_id>& ahead) {
-    make_room(m, ahead);
-    gather_group(params(m), [](param_id) { return true; });
-    for (param_id p : params(m)) ++entries_[p].pins;
-    check_live_budget(m);
-    for (param_id p : params(m)) await_gather(p);
-    gather_group(ahead, [&](param_id q) {
-      return store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.max_live_numel;
-    });
+  // where the communicator can; each gather carries `tag` (the scope's identity) with its
+  // parameter, so ranks gathering different things fail instead of mixing them (I9).
+  //
+  // Exception-safe: if anything fails (the live budget, an allocation), m's pins are undone and
+  // what this call gathered for m is released, so the engine stays usable.
+  void open(module_id m, const std::vector<param_id>& ahead, collective_tag tag) {
+    bool pinned = false;
+    try {
+      make_room(m, ahead);
+      tag.use = collective_use::gather;
+      gather_group(params(m), tag, [](param_id) { return true; });
+      for (param_id p : params(m)) ++entries_[p].pins;
+      pinned = true;
+      check_live_budget(m);
+      for (param_id p : params(m)) await_gather(p);
+      tag.use = collective_use::gather_ahead;
+      gather_group(ahead, tag, [&](param_id q) {
+        return store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.max_live_numel;
+      });
+    } catch (...) {
+      for (param_id p : params(m)) {
+        if (pinned) --entries_[p].pins;
+        if (evictable(p)) release(p);
+      }
+      throw;
+    }
   }
 
   // A scope of m closes; `held` is the HookTracker's word on keeping m gathered. The hold is
@@ -114,7 +130,7 @@ class residency {
   // it keep their mark (their buffers are freed on compute after waiting for it) and the one
   // that failed goes back to sharded.
   template <class Admit>
-  void gather_group(const std::vector<param_id>& wanted, Admit&& admit) {
+  void gather_group(const std::vector<param_id>& wanted, collective_tag tag, Admit&& admit) {
     issued_.clear();
     try {
       grouped(comm_, [&] {
@@ -122,9 +138,10 @@ class residency {
           auto& s = store_[p];
           if (s.is_gathered() || !admit(p)) continue;
           void* full = store_.begin_gather(p, {});
+          tag.param = p;
           try {
-            comm_.all_gather(s.shard.data(), full, s.layout.shard_numel, s.type,
-                             store_.streams().collective_on(stream_role::gather));
+            tagged::all_gather(comm_, s.shard.data(), full, s.layout.shard_numel, s.type,
+                               store_.streams().collective_on(stream_role::gather), tag);
           } catch (...) {
             // Never issued (or failed part way): back to sharded, the buffer freed on the
             // gather stream that allocated it, not on compute, which never waited for it.

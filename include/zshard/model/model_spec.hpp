@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "zshard/core/checked_size.hpp"
 #include "zshard/core/dtype.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/core/shape.hpp"
@@ -78,8 +79,18 @@ class model_spec {
 
   const std::vector<param_spec>& params() const noexcept { return params_; }
   const std::vector<module_spec>& modules() const noexcept { return modules_; }
-  const param_spec& param(param_id p) const { return params_.at(p); }
-  const module_spec& module(module_id m) const { return modules_.at(m); }
+  // Checked: an id out of range is a usage error (the check is one compare on this hot path;
+  // the message is built out of line).
+  const param_spec& param(param_id p) const {
+    if (p >= params_.size()) [[unlikely]]
+      no_such("parameter", p, params_.size());
+    return params_[p];
+  }
+  const module_spec& module(module_id m) const {
+    if (m >= modules_.size()) [[unlikely]]
+      no_such("module", m, modules_.size());
+    return modules_[m];
+  }
 
   param_id param_by_name(const std::string& name) const {
     auto it = param_index_.find(name);
@@ -92,9 +103,9 @@ class model_spec {
     return it->second;
   }
 
-  std::size_t total_numel() const noexcept {
+  std::size_t total_numel() const {
     std::size_t n = 0;
-    for (const auto& p : params_) n += p.numel();
+    for (const auto& p : params_) n = checked_add(n, p.numel(), "model size");
     return n;
   }
 
@@ -133,6 +144,12 @@ class model_spec {
   }
 
  private:
+  [[noreturn, gnu::cold, gnu::noinline]] static void no_such(const char* what, std::size_t id, std::size_t count) {
+    throw error(error_kind::usage, std::string(what) + " id " + std::to_string(id) + " does not exist: the model has " +
+                                       std::to_string(count) + " " + what + "s",
+                "pass an id returned by this model_spec's add_" + std::string(what == std::string("module") ? "module" : "param") + "()");
+  }
+
   std::vector<param_spec> params_;
   std::vector<module_spec> modules_;
   std::unordered_map<std::string, param_id> param_index_;

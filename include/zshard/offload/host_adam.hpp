@@ -145,10 +145,20 @@ class host_adam_impl {
     drain();
     optim::adamw_config hyper = hyper_;
     hyper.lr = a.lr;
+    step_now_ = a.step;
     steps_[0] = optim::make_adamw_step(hyper, a.step, a.grad_scale, false);
     steps_[1] = optim::make_adamw_step(hyper, a.step, a.grad_scale, true);
+    // Each parameter's own step count: a parameter without a gradient this step is skipped (as
+    // PyTorch does) unless update_params_without_grad, and its count stays.
+    for (param_id p = 0; p < params_.size(); ++p) {
+      auto& ps = params_[p];
+      ps.skip = ps.trainable && !ps.has_grad && !hyper_.update_params_without_grad;
+      if (!ps.trainable || ps.skip) continue;
+      ++ps.steps;
+      if (ps.steps != a.step) ps.own_step = optim::make_adamw_step(hyper, ps.steps, a.grad_scale, store_[p].spec->decay);
+    }
     if constexpr (holds_storage) {
-      for (const auto& ps : params_)  // AdamW still decays and moves with a zero gradient
+      for (const auto& ps : params_)  // with update_params_without_grad: AdamW decays and moves with a zero gradient
         if (ps.trainable && !ps.has_grad) std::memset(f32(grad_) + ps.offset, 0, ps.numel * sizeof(float));
       if constexpr (in_place)
         update_in_place();
@@ -181,6 +191,9 @@ class host_adam_impl {
   struct param_state {
     bool trainable = false;
     bool has_grad = false;       // a gradient arrived since the last update/discard; else it is zero
+    bool skip = false;           // this update leaves it alone (no gradient)
+    std::int64_t steps = 0;      // updates applied to it (its AdamW bias correction)
+    optim::adamw_step own_step{};  // when steps differs from the engine's step
     std::size_t offset = 0;      // first element in the flat host arrays (a multiple of 32)
     std::size_t numel = 0;       // shard elements
     std::size_t first_tile = 0;  // tiles_[first_tile, first_tile + tile_count)
@@ -326,9 +339,15 @@ class host_adam_impl {
     pool_.wait();
   }
 
-  const optim::adamw_step& step_for(param_id p) const noexcept { return steps_[store_[p].spec->decay ? 1 : 0]; }
+  const optim::adamw_step& step_for(param_id p) const noexcept {
+    return params_[p].steps == step_now_ ? steps_[store_[p].spec->decay ? 1 : 0] : params_[p].own_step;
+  }
 
   void update_tile(const tile& t, void* out) noexcept {
+    if (params_[t.p].skip) {  // unchanged: the working value is the master's, rounded (written for the staging path)
+      zshard::convert(f32(master_) + t.offset, dtype::f32, out, store_[t.p].type, t.len);
+      return;
+    }
     optim::adamw_update_on(path_, step_for(t.p), f32(master_) + t.offset, f32(m_) + t.offset, f32(v_) + t.offset,
                            f32(grad_) + t.offset, t.len, out, store_[t.p].type);
   }
@@ -389,6 +408,7 @@ class host_adam_impl {
   std::vector<round> rounds_;
   std::size_t total_numel_ = 0;
   optim::adamw_step steps_[2]{};  // [decay]
+  std::int64_t step_now_ = 0;     // the engine's step of the update running
   buffer<resource_type> master_, m_, v_, grad_, staging_;
   landing_queue<Backend, host_adam_impl> landing_;  // the device path's copies to the host in flight
   worker_pool pool_;  // last: joined before anything its jobs touch is destroyed

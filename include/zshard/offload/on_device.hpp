@@ -43,6 +43,7 @@ class on_device_impl {
   // engine orders after the reduce stream.
   void accumulate_grad(param_id p, const float* g, std::size_t n, typename Backend::stream& ready_on) {
     store_.backend().add_into(state_[p].grad.template as<float>(), g, n, ready_on);
+    state_[p].has_grad = true;
   }
 
   // A backend that can reduce into device memory (sum_squares_into, CUDA) gets one host round
@@ -84,8 +85,12 @@ class on_device_impl {
     for (param_id p = 0; p < store_.size(); ++p) {
       auto& st = state_[p];
       if (!st.grad) continue;
+      // No gradient this step: left alone as PyTorch does (unless update_params_without_grad),
+      // its own step count (bias correction) unchanged.
+      if (!st.has_grad && !hyper_.update_params_without_grad) continue;
+      st.has_grad = false;
       auto& slot = store_[p];
-      const auto step = optim::make_adamw_step(hyper, a.step, a.grad_scale, slot.spec->decay);
+      const auto step = optim::make_adamw_step(hyper, ++st.steps, a.grad_scale, slot.spec->decay);
       b.adamw(step, st.master.template as<float>(), st.m.template as<float>(), st.v.template as<float>(),
               st.grad.template as<float>(), st.grad.numel(), slot.shard.data(), slot.type, compute());
       b.fill_zero(st.grad.data(), st.grad.bytes(), compute());
@@ -93,8 +98,10 @@ class on_device_impl {
   }
 
   void discard_grads() {
-    for (auto& st : state_)
+    for (auto& st : state_) {
       if (st.grad) store_.backend().fill_zero(st.grad.data(), st.grad.bytes(), compute());
+      st.has_grad = false;
+    }
   }
 
   const memory_ledger& state_ledger() const noexcept { return store_.backend().ledger(); }
@@ -105,6 +112,8 @@ class on_device_impl {
  private:
   struct param_state {
     buffer<Backend> master, m, v, grad;
+    bool has_grad = false;  // a reduced gradient arrived since the last update/discard
+    std::int64_t steps = 0;  // updates applied to it
   };
 
   static constexpr bool sums_on_device = requires(Backend& b, const float* g, std::size_t n, double* out,

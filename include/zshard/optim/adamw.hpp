@@ -29,6 +29,11 @@ struct adamw_config {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.01f;
+  // A trainable parameter that received no gradient in a step (no backward of a module using it
+  // ran) is left alone, as torch.optim.AdamW does with a parameter whose .grad is None: not
+  // decayed, not moved, and its own step count (bias correction) does not advance. Set this
+  // to update it with a zero gradient instead (decay, and the moments keep moving it).
+  bool update_params_without_grad = false;
 
   void validate() const {
     ZSHARD_REQUIRE(std::isfinite(lr) && lr > 0.0f, error_kind::config,

@@ -10,8 +10,9 @@ struct even {
   template <class Backend, class Comm>
   using impl = even;
 
-  shard_layout layout(std::size_t numel, int world, const partition_config& cfg) const {
+  shard_layout layout(const param_identity& p, int world, const partition_config& cfg) const {
     ZSHARD_REQUIRE(world >= 1, error_kind::config, "world size must be at least 1");
+    const std::size_t numel = p.numel();
     shard_layout l;
     l.numel = numel;
     if (numel <= cfg.persistence_threshold_numel) {
@@ -21,9 +22,9 @@ struct even {
     }
     const auto w = static_cast<std::size_t>(world);
     const std::size_t align = cfg.shard_alignment_numel;
-    const std::size_t per_rank = (numel + w - 1) / w;
-    l.shard_numel = (per_rank + align - 1) / align * align;
-    l.padded_numel = l.shard_numel * w;
+    const std::size_t per_rank = numel / w + (numel % w != 0 ? 1 : 0);
+    l.shard_numel = checked_round_up(per_rank, align, "shard alignment");
+    l.padded_numel = checked_mul(l.shard_numel, w, "padded parameter size");
     return l;
   }
 };

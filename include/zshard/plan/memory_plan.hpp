@@ -71,7 +71,11 @@ memory_plan plan_memory(const model_spec& spec, const engine_config& cfg, int wo
   const Partitioner partitioner{};
   std::vector<shard_layout> layouts;
   layouts.reserve(spec.params().size());
-  for (const auto& p : spec.params()) layouts.push_back(partitioner.layout(p.numel(), world, cfg.partition));
+  for (param_id p = 0; p < spec.params().size(); ++p) {
+    const auto id = param_identity::of(spec, p, cfg.param_dtype);
+    layouts.push_back(partitioner.layout(id, world, cfg.partition));
+    validate_layout(layouts.back(), id, world);
+  }
   return detail::plan_walk(spec, cfg, world, std::move(layouts), schedule, opt).run();
 }
 

@@ -12,6 +12,9 @@
 //                                        (advisory: the engine may evict it to make room)
 //   on_step()                            step boundary: the engine releases everything
 //                                        non-persistent right after (I4)
+//   on_scope_failed(m, kind)             optional: the scope just entered could not be opened
+//                                        (live budget, allocation); forget it, so a retry is
+//                                        seen once
 #include <concepts>
 #include <vector>
 

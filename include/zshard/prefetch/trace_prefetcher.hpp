@@ -38,6 +38,7 @@ class trace {
   }
 
   void on_scope_enter(module_id m, use_kind kind, std::vector<param_id>& ahead) {
+    before_ = {state_, pos_, frontier_, window_numel_, recording_.size()};
     if (state_ == state::recording) {
       recording_.push_back({m, kind});
       return;
@@ -62,6 +63,16 @@ class trace {
       window_numel_ += module_numel_[next];
       ++frontier_;
     }
+  }
+
+  // The scope just entered could not be opened (the engine rolled it back): forget it, so a
+  // retry replays (or records) it once.
+  void on_scope_failed(module_id, use_kind) noexcept {
+    state_ = before_.st;
+    pos_ = before_.pos;
+    frontier_ = before_.frontier;
+    window_numel_ = before_.window_numel;
+    recording_.resize(before_.recorded);
   }
 
   bool keep_after_scope(param_id p) const {
@@ -121,6 +132,12 @@ class trace {
       say(log_, "prefetch: the model left its recorded trace (" + what +
                 "); prefetching is on-demand until a new trace is recorded (said once; see divergences())");
   }
+
+  struct position {
+    state st;
+    std::size_t pos, frontier, window_numel, recorded;
+  };
+  position before_{};  // before the last on_scope_enter
 
   const model_spec* spec_ = nullptr;
   prefetch_config cfg_{};

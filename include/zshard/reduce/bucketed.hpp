@@ -55,6 +55,12 @@ class bucketed_reducer {
 
   std::size_t pending_numel() const noexcept { return pending_numel_; }
 
+  // engine::discard_gradients: drops the pending gradients unreduced (the engine frees them).
+  void discard() noexcept {
+    pending_.clear();
+    pending_numel_ = 0;
+  }
+
  private:
   template <class Sink>
   void reduce_one(param_id p, Sink& sink) {
@@ -66,14 +72,14 @@ class bucketed_reducer {
     buffer<Backend> shard;
     try {
       if (s.layout.replicated) {
-        comm_.all_reduce(full, full, s.layout.numel, dtype::f32, reduce_op::average,
-                         streams.collective_on(stream_role::reduce));
+        tagged::all_reduce(comm_, full, full, s.layout.numel, dtype::f32, reduce_op::average,
+                           streams.collective_on(stream_role::reduce), store_.tag_for(p, collective_use::reduce));
         sink.accumulate_grad(p, full, s.layout.numel, streams.on(stream_role::reduce));
       } else {
         shard = buffer<Backend>(store_.backend(), dtype::f32, s.layout.shard_numel, mem_category::scratch,
                                 streams.on(stream_role::reduce));
-        comm_.reduce_scatter(full, shard.data(), s.layout.shard_numel, dtype::f32, reduce_op::average,
-                             streams.collective_on(stream_role::reduce));
+        tagged::reduce_scatter(comm_, full, shard.data(), s.layout.shard_numel, dtype::f32, reduce_op::average,
+                               streams.collective_on(stream_role::reduce), store_.tag_for(p, collective_use::reduce));
         sink.accumulate_grad(p, shard.template as<float>(), s.layout.shard_numel, streams.on(stream_role::reduce));
       }
     } catch (...) {

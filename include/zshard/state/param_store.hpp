@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zshard/comm/communicator.hpp"
 #include "zshard/core/buffer.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/model/model_spec.hpp"
@@ -156,6 +157,17 @@ class param_store {
   // Parameters gathering or gathered (replicated ones excluded: they are never in the set).
   const std::vector<param_id>& gathered_set() const noexcept { return gathered_set_; }
   std::size_t resident_numel() const noexcept { return resident_numel_; }
+
+  // The identity of the collectives issued now (the engine sets it as each scope opens): a
+  // policy that communicates tags its collectives with tag_for(p, use), so ranks that reduce
+  // different parameters fail instead of mixing them (comm/communicator.hpp, tags_collectives).
+  collective_tag collective_context{};
+  collective_tag tag_for(param_id p, collective_use use) const noexcept {
+    collective_tag t = collective_context;
+    t.param = p;
+    t.use = use;
+    return t;
+  }
 
  private:
   void leave_gathered_set(param_id p) noexcept {

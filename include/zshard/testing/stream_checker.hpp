@@ -357,31 +357,38 @@ class checked_comm {
 
   int rank() const { return inner_->rank(); }
   int size() const { return inner_->size(); }
-  void all_gather(const void* src, void* dst, std::size_t count, dtype t, comm_stream cs = {}) {
+  // Collective tags pass through to the inner communicator (it checks them, if it takes them).
+  void all_gather(const void* src, void* dst, std::size_t count, dtype t, comm_stream cs = {},
+                  const collective_tag& tag = {}) {
     const std::size_t block = count * size_of(t);
     issue([=, this, s = on(cs)] {
       backend_->operation("all_gather", s, {{src, block, false}, {dst, block * world(), true}});
-      inner_->all_gather(src, dst, count, t);
+      tagged::all_gather(*inner_, src, dst, count, t, {}, tag);
     });
   }
-  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream cs = {}) {
+  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream cs = {},
+                      const collective_tag& tag = {}) {
     const std::size_t block = count * size_of(t);
     issue([=, this, s = on(cs)] {
       backend_->operation("reduce_scatter", s, {{src, block * world(), false}, {dst, block, true}});
-      inner_->reduce_scatter(src, dst, count, t, op);
+      tagged::reduce_scatter(*inner_, src, dst, count, t, op, {}, tag);
     });
   }
-  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream cs = {}) {
+  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream cs = {},
+                  const collective_tag& tag = {}) {
     const std::size_t bytes = count * size_of(t);
     issue([=, this, s = on(cs)] {
       backend_->operation("all_reduce", s, {{src, bytes, false}, {dst, bytes, true}});
-      inner_->all_reduce(src, dst, count, t, op);
+      tagged::all_reduce(*inner_, src, dst, count, t, op, {}, tag);
     });
   }
-  void broadcast(void* dst, std::size_t count, dtype t, int root, comm_stream cs = {}) {
+  void broadcast(void* dst, std::size_t count, dtype t, int root, comm_stream cs = {}, const collective_tag& tag = {}) {
     issue([=, this, s = on(cs)] {
       backend_->operation("broadcast", s, {{dst, count * size_of(t), true}});  // read and written in place
-      inner_->broadcast(dst, count, t, root);
+      if constexpr (tags_collectives<Comm>)
+        inner_->broadcast(dst, count, t, root, {}, tag);
+      else
+        inner_->broadcast(dst, count, t, root);
     });
   }
   void barrier(comm_stream = {}) {

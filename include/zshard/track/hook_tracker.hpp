@@ -20,6 +20,9 @@
 //                                          recomputed module until its backward, which follows.
 //                                          Holds end at end_backward whatever it says (I3).
 //   on_step()                              I4: a violation of "nothing pending" is an error
+//   on_scope_failed(m, kind, backward)     optional: the scope just reported could not be opened
+//                                          (live budget, allocation); undo its count so that the
+//                                          engine stays usable and a retry counts once
 // Phase rules: counted forwards outside backward; recompute only inside backward; no-grad
 // forwards anywhere; step() never inside backward.
 #include <concepts>

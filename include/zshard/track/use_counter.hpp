@@ -44,6 +44,15 @@ class use_counter {
     return true;
   }
 
+  // The engine could not open the scope it just reported (a budget, an allocation): the use
+  // did not happen. (A backward's only change, ending a recompute's hold, needs no undoing.)
+  void on_scope_failed(module_id m, use_kind kind, bool backward) noexcept {
+    if (backward || kind != use_kind::counted) return;
+    --module_pending_[m];
+    for (param_id p : spec_->module(m).params)
+      if (spec_->param(p).trainable) --param_pending_[p];
+  }
+
   void on_begin_backward() {
     ZSHARD_REQUIRE(phase_ == step_phase::forward, error_kind::usage,
                    "begin_backward() called twice without end_backward()");

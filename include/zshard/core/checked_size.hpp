@@ -1,0 +1,44 @@
+#pragma once
+// Size arithmetic that cannot wrap: element counts, padding, alignment and byte counts of a
+// model with a huge (or mistyped) shape fail with a clear error instead of wrapping to a small
+// number that would be allocated, charged (the phantom backend would charge 0 bytes) or
+// communicated as if it were right.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "zshard/core/error.hpp"
+
+namespace zshard {
+
+namespace detail {
+[[noreturn, gnu::cold, gnu::noinline]] inline void size_overflow(const char* what, std::size_t a, const char* op,
+                                                                 std::size_t b) {
+  throw error(error_kind::config,
+              std::string(what) + ": " + std::to_string(a) + op + std::to_string(b) + " overflows size_t",
+              "check the shape and settings: no real tensor is this large");
+}
+}  // namespace detail
+
+// One compare on the hot path (buffers are made per gather); the message is built out of line.
+inline std::size_t checked_mul(std::size_t a, std::size_t b, const char* what) {
+  std::size_t r;
+  if (__builtin_mul_overflow(a, b, &r)) [[unlikely]]
+    detail::size_overflow(what, a, " * ", b);
+  return r;
+}
+
+inline std::size_t checked_add(std::size_t a, std::size_t b, const char* what) {
+  std::size_t r;
+  if (__builtin_add_overflow(a, b, &r)) [[unlikely]]
+    detail::size_overflow(what, a, " + ", b);
+  return r;
+}
+
+// n rounded up to a multiple of `multiple` (> 0).
+inline std::size_t checked_round_up(std::size_t n, std::size_t multiple, const char* what) {
+  const std::size_t rem = n % multiple;
+  return rem == 0 ? n : checked_add(n, multiple - rem, what);
+}
+
+}  // namespace zshard

@@ -1,0 +1,68 @@
+#pragma once
+// The engine's checks of its inputs and of its own state that need no engine member: ids in
+// range, layouts from the Partitioner (validated), modules within the live budget, and I7 at
+// end_backward (no full gradient left, so a HookTracker that forgets a parameter is an error,
+// not a skipped update).
+#include <string>
+#include <vector>
+
+#include "zshard/engine/engine_config.hpp"
+#include "zshard/model/model_spec.hpp"
+#include "zshard/model/use_kind.hpp"
+#include "zshard/partition/partitioner.hpp"
+#include "zshard/state/param_store.hpp"
+
+namespace zshard::engine_checks {
+
+inline void module_id_in_range(const model_spec& spec, module_id m) {
+  (void)spec.module(m);  // a usage error when m is out of range
+}
+
+inline void param_id_in_range(const model_spec& spec, param_id p, const char* where) {
+  ZSHARD_REQUIRE(p < spec.params().size(), error_kind::usage,
+                 std::string(where) + ": parameter id " + std::to_string(p) + " does not exist: the model has " +
+                     std::to_string(spec.params().size()) + " parameters",
+                 "pass an id returned by this model_spec's add_param()");
+}
+
+inline std::string scope_name(const model_spec& spec, module_id m, use_kind kind, bool backward) {
+  return (backward ? std::string("backward") : "forward (" + std::string(to_string(kind)) + ")") + " of module '" +
+         spec.module(m).name + "'";
+}
+
+template <class Partitioner>
+std::vector<shard_layout> make_layouts(const Partitioner& partitioner, const model_spec& spec, const engine_config& cfg,
+                                       int world) {
+  std::vector<shard_layout> l;
+  l.reserve(spec.params().size());
+  for (param_id p = 0; p < spec.params().size(); ++p) {
+    const auto id = param_identity::of(spec, p, cfg.param_dtype);
+    l.push_back(partitioner.layout(id, world, cfg.partition));
+    validate_layout(l.back(), id, world);
+  }
+  return l;
+}
+
+template <class Residency>
+void module_sizes(const model_spec& spec, const Residency& residency, const engine_config& cfg) {
+  for (module_id m = 0; m < spec.modules().size(); ++m) {
+    const std::size_t n = residency.module_gathered_numel(m);
+    ZSHARD_REQUIRE(n <= cfg.prefetch.max_live_numel || cfg.prefetch.allow_oversized_module, error_kind::config,
+                   "module '" + spec.module(m).name + "' needs " + std::to_string(n) +
+                       " gathered elements, more than max_live_numel = " + std::to_string(cfg.prefetch.max_live_numel),
+                   "raise max_live_numel, split the module, or set allow_oversized_module");
+  }
+}
+
+template <class Backend>
+void no_full_gradient_left(const param_store<Backend>& store) {
+  for (param_id p = 0; p < store.size(); ++p)
+    ZSHARD_REQUIRE(!store[p].full_grad, error_kind::invariant,
+                   "parameter '" + store[p].spec->name +
+                       "' still holds a full gradient after end_backward: the HookTracker never reported it complete, "
+                       "so it would never be reduced or applied (I7)",
+                   "the HookTracker must list every trainable parameter of a module in `completed` when its last "
+                   "counted use's backward is done, and every pending one at on_end_backward");
+}
+
+}  // namespace zshard::engine_checks

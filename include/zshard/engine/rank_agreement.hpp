@@ -1,0 +1,160 @@
+#pragma once
+// Ranks agree or fail (I9): the engine's exchanges that check every rank runs the same model,
+// the same schedule-shaping settings and the same schedule, and the step's gradient statistics.
+// Each is one all_gather of a few 64-bit words (as f32 pairs: an all_gather copies, so the bits
+// arrive intact on every communicator, NCCL included), and every rank reads every rank's words,
+// so every rank reaches the same verdict and throws the same error.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zshard/backend/backend.hpp"
+#include "zshard/comm/communicator.hpp"
+#include "zshard/core/buffer.hpp"
+#include "zshard/engine/schedule_fingerprint.hpp"
+#include "zshard/model/model_spec.hpp"
+#include "zshard/state/stream_roles.hpp"
+
+namespace zshard {
+
+struct setting_value {
+  const char* name;
+  std::uint64_t value;
+};
+
+struct global_grad_stats {
+  double sum_squares = 0;  // over every rank's shards, added in double in rank order
+  bool overflow = false;   // an Inf/NaN gradient element on some rank
+};
+
+template <class Backend, class Comm>
+class rank_agreement {
+ public:
+  rank_agreement(Backend& backend, Comm& comm, stream_roles<Backend>& streams, const model_spec& spec)
+      : backend_(backend), comm_(comm), streams_(streams), spec_(spec) {}
+
+  // Every rank's `mine` (same length on every rank): rank r's words at [r * n, (r + 1) * n).
+  // Without storage (phantom) the collective is still issued, for its accounting, and every
+  // rank is taken to hold this rank's words.
+  std::vector<std::uint64_t> exchange(const std::vector<std::uint64_t>& mine, const collective_tag& tag) {
+    const std::size_t n = mine.size(), world = static_cast<std::size_t>(comm_.size());
+    std::vector<std::uint64_t> all(n * world);
+    auto& compute = streams_.on(stream_role::compute);
+    // In the compute stream's order (the training stack's stream when it brought one).
+    buffer<Backend> send(backend_, dtype::f32, 2 * n, mem_category::scratch, compute);
+    buffer<Backend> recv(backend_, dtype::f32, 2 * n * world, mem_category::scratch, compute);
+    if constexpr (Backend::holds_storage) backend_.copy(send.data(), mine.data(), n * 8, compute);
+    tagged::all_gather(comm_, send.data(), recv.data(), 2 * n, dtype::f32, streams_.collective_on(stream_role::compute),
+                       tag);
+    if constexpr (Backend::holds_storage) {
+      backend_.copy(all.data(), recv.data(), all.size() * 8, compute);
+      backend_.synchronize(compute);
+    } else {
+      for (std::size_t r = 0; r < world; ++r) std::copy(mine.begin(), mine.end(), all.begin() + std::ptrdiff_t(r * n));
+    }
+    return all;
+  }
+
+  // Construction: every rank built the same model with the same schedule-shaping settings.
+  void check_settings(const std::vector<setting_value>& settings) {
+    std::vector<std::uint64_t> mine;
+    for (const auto& s : settings) mine.push_back(s.value);
+    const auto all = exchange(mine, {collective_use::setup});
+    const std::size_t n = mine.size();
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t r = 1; r < std::size_t(comm_.size()); ++r)
+        ZSHARD_REQUIRE(all[r * n + i] == all[i], error_kind::config,
+                       std::string("ranks disagree on ") + settings[i].name + ": rank 0 has " + std::to_string(all[i]) +
+                           ", rank " + std::to_string(r) + " has " + std::to_string(all[r * n + i]),
+                       "build the same model_spec and engine_config on every rank (every setting that shapes the "
+                       "schedule of collectives must agree)");
+  }
+
+  // step(): the schedule fingerprints agree (else throws, naming the first scope where the
+  // ranks diverged), and the gradient statistics, summed in double in rank order so the result
+  // does not depend on the world size or on timing.
+  global_grad_stats at_step(const grad_stats& local, const schedule_fingerprint& fp) {
+    const std::vector<std::uint64_t> mine = {fp.value(), fp.scopes(), std::bit_cast<std::uint64_t>(local.sum_squares),
+                                             local.nonfinite ? 1u : 0u};
+    // Tagged without the hash: ranks whose schedules differ still meet here, and find where.
+    const auto all = exchange(mine, {collective_use::step_check});
+    const std::size_t world = static_cast<std::size_t>(comm_.size());
+    for (std::size_t r = 0; r < world; ++r)
+      if (all[r * 4] != all[0] || all[r * 4 + 1] != all[1]) report_divergence(fp, "step()");
+    global_grad_stats g;
+    for (std::size_t r = 0; r < world; ++r) {
+      g.sum_squares += std::bit_cast<double>(all[r * 4 + 2]);
+      g.overflow = g.overflow || all[r * 4 + 3] != 0;
+    }
+    g.overflow = g.overflow || !std::isfinite(g.sum_squares);
+    return g;
+  }
+
+  // check_every_scope: the fingerprints agree now, before the scope's gathers.
+  void at_scope(const schedule_fingerprint& fp) {
+    const auto all = exchange({fp.value(), fp.scopes()}, {collective_use::scope_check});
+    for (std::size_t r = 0; r < std::size_t(comm_.size()); ++r)
+      if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) report_divergence(fp, "the scope check");
+  }
+
+  // Every rank takes rank 0's schedule position (after discard_gradients, where ranks may have
+  // stopped at different points).
+  void resynchronize(schedule_fingerprint& fp) {
+    const auto all = exchange({fp.value(), fp.scopes()}, {collective_use::discard});
+    fp.adopt(all[0], all[1]);
+  }
+
+ private:
+  static constexpr std::uint64_t no_scope = ~std::uint64_t{0};
+
+  std::string describe_scope(std::uint64_t e) const {
+    if (e == no_scope) return "no scope (its step ended earlier)";
+    const auto en = static_cast<schedule_fingerprint::entry>(e);
+    std::string d = schedule_fingerprint::backward(en)
+                        ? std::string("backward")
+                        : "forward (" + std::string(to_string(schedule_fingerprint::kind(en))) + ")";
+    return d + " of module '" + spec_.module(schedule_fingerprint::module(en)).name + "'";
+  }
+
+  // Two more exchanges (every rank makes them: every rank saw the same mismatch) find the first
+  // scope of this step where the ranks' histories differ.
+  [[noreturn]] void report_divergence(const schedule_fingerprint& fp, const char* where) {
+    const std::size_t world = static_cast<std::size_t>(comm_.size());
+    const auto lengths = exchange({fp.history().size()}, {collective_use::step_check});
+    std::size_t longest = 0;
+    for (auto l : lengths) longest = std::max<std::size_t>(longest, l);
+    std::vector<std::uint64_t> mine(longest, no_scope);
+    std::copy(fp.history().begin(), fp.history().end(), mine.begin());
+    const auto all = longest ? exchange(mine, {collective_use::step_check}) : std::vector<std::uint64_t>{};
+    auto at = [&](std::size_t r, std::size_t i) { return all[r * longest + i]; };
+    std::string msg = std::string("ranks ran different schedules (found at ") + where + " on rank " +
+                      std::to_string(comm_.rank()) + ")";
+    std::size_t i = 0;
+    for (; i < longest; ++i) {
+      bool same = true;
+      for (std::size_t r = 1; r < world; ++r) same = same && at(r, i) == at(0, i);
+      if (!same) break;
+    }
+    if (i < longest) {
+      msg += ": they diverged at scope #" + std::to_string(fp.first_scope_of_step() + i) + " (scope " +
+             std::to_string(i + 1) + " of this step):";
+      for (std::size_t r = 0; r < world; ++r) msg += (r ? "; rank " : " rank ") + std::to_string(r) + " ran " + describe_scope(at(r, i));
+    } else {
+      msg += ": their scopes of this step agree, but a begin_backward(), end_backward() or step() differs, or they "
+             "diverged in an earlier step";
+    }
+    throw error(error_kind::comm, msg,
+                "every rank must open the same scopes in the same order (same modules, same uses): data-dependent "
+                "routing, skipped modules and per-rank settings must agree across ranks; the step was not applied");
+  }
+
+  Backend& backend_;
+  Comm& comm_;
+  stream_roles<Backend>& streams_;
+  const model_spec& spec_;
+};
+
+}  // namespace zshard
