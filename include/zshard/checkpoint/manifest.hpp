@@ -20,7 +20,7 @@
 
 #include "zshard/checkpoint/safetensors_format.hpp"
 #include "zshard/model/model_spec.hpp"
-#include "zshard/partition/partitioner.hpp"
+#include "zshard/partition/shard_layout.hpp"
 #include "zshard/state/state_access.hpp"
 
 namespace zshard::checkpoint {
