@@ -17,6 +17,7 @@
 #include "gpt/corpus.hpp"
 #include "gpt/zshard_gpt.hpp"
 #include "zshard/backend/host_backend.hpp"
+#include "zshard/checkpoint/checkpoint.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
 
@@ -37,6 +38,13 @@ struct options {
   std::string text;
   std::uint64_t seed = 1234;
   std::size_t persistence_threshold = 1024;  // biases and layer-norm gains stay replicated
+  std::string init_from;    // pretrained weights (.safetensors or .safetensors.index.json)
+  std::string save_dir;     // sharded checkpoints go here
+  int save_every = 0;       // steps between checkpoints (0: only at the end when --save-dir is given)
+  int keep_last = 3;
+  std::string resume;       // a checkpoint directory to continue from
+  std::string export_path;  // one safetensors file of the trained model
+  bool export_bf16 = false;
   bool help = false;
 };
 
@@ -60,7 +68,17 @@ void usage() {
       "  --eval-every N     no-grad evaluation pass every N steps, 0 = never (default 25)\n"
       "  --log-every N      print a step line every N steps (default 10)\n"
       "  --text FILE        train on the bytes of FILE instead of the synthetic language\n"
-      "  --seed N           initialisation and data seed (default 1234)\n");
+      "  --seed N           initialisation and data seed (default 1234)\n"
+      "  --init-from FILE   start from pretrained weights: a .safetensors file (names as --export\n"
+      "                     writes them) or a *.safetensors.index.json\n"
+      "  --save-dir DIR     write sharded checkpoints into DIR (atomic; DIR/latest names the newest)\n"
+      "  --save-every K     a checkpoint every K steps (default: only after the last step)\n"
+      "  --keep-last N      checkpoints kept in DIR (default 3)\n"
+      "  --resume DIR       continue from DIR's latest checkpoint (or a step-* directory) at the\n"
+      "                     step it holds, bit for bit as if never stopped (same --ranks or not)\n"
+      "  --export FILE      write the trained model as one safetensors file\n"
+      "  --export-bf16      export in bf16 (default f32)\n"
+      "The last line printed is `final_loss: <mean loss of the last step>`.\n");
 }
 
 options parse(int argc, char** argv) {
@@ -94,9 +112,19 @@ options parse(int argc, char** argv) {
     else if (a == "--log-every") o.log_every = positive(a, value(i));
     else if (a == "--text") o.text = value(i);
     else if (a == "--seed") o.seed = std::stoull(value(i));
+    else if (a == "--init-from") o.init_from = value(i);
+    else if (a == "--save-dir") o.save_dir = value(i);
+    else if (a == "--save-every") o.save_every = positive(a, value(i));
+    else if (a == "--keep-last") o.keep_last = positive(a, value(i));
+    else if (a == "--resume") o.resume = value(i);
+    else if (a == "--export") o.export_path = value(i);
+    else if (a == "--export-bf16") o.export_bf16 = true;
     else throw std::invalid_argument("unknown option '" + a + "' (try --help)");
   }
   if (o.ranks > 64) throw std::invalid_argument("--ranks: at most 64 thread ranks");
+  if (!o.resume.empty() && !o.init_from.empty())
+    throw std::invalid_argument("--resume and --init-from exclude each other (a checkpoint holds the weights)");
+  if (o.save_every > 0 && o.save_dir.empty()) throw std::invalid_argument("--save-every needs --save-dir");
   return o;
 }
 
@@ -157,6 +185,7 @@ int main(int argc, char** argv) try {
   std::mutex mu;
   std::vector<peak_row> step_peaks(static_cast<std::size_t>(o.ranks)), run_peaks(static_cast<std::size_t>(o.ranks));
   double first_loss = 0, last_loss = 0;
+  int first_step = 1;
 
   zshard::run_ranks(o.ranks, [&](zshard::thread_comm& comm) {
     const int rank = comm.rank();
@@ -164,8 +193,27 @@ int main(int argc, char** argv) try {
     zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, model.spec, cfg);
     gpt::zshard_gpt_runner<decltype(eng)> runner(eng, model, o.checkpoint);
     const int T = mc.seq_len;
+    // Batches are a function of the step, so a resumed run draws what the uninterrupted one would.
+    int start = 0;
+    if (!o.resume.empty()) {
+      const auto info = zshard::checkpoint::load(eng, o.resume);
+      start = static_cast<int>(info.step);
+      if (rank == 0)
+        std::printf("resumed from %s at step %d (saved by %d rank(s))\n", info.path.c_str(), start, info.saved_world_size);
+    } else if (!o.init_from.empty()) {
+      const auto rep = zshard::checkpoint::load_pretrained(eng, o.init_from);
+      if (rank == 0) std::printf("loaded %zu pretrained parameters from %s\n", rep.loaded, o.init_from.c_str());
+    }
+    if (start >= o.steps) throw std::invalid_argument("nothing to train: the checkpoint is at step " + std::to_string(start) +
+                                                      ", --steps is " + std::to_string(o.steps));
+    if (rank == 0) first_step = start + 1;
+    auto save = [&](int step) {
+      const auto s = zshard::checkpoint::save(eng, o.save_dir, {.keep_last = std::size_t(o.keep_last),
+                                                                .user_state = "step " + std::to_string(step)});
+      if (rank == 0) std::printf("  saved %s\n", s.path.c_str());
+    };
     auto clock_start = std::chrono::steady_clock::now();
-    for (int step = 1; step <= o.steps; ++step) {
+    for (int step = start + 1; step <= o.steps; ++step) {
       backend.ledger().reset_peaks();
       double loss = 0;
       for (int mb = 0; mb < o.micro_batches; ++mb) {
@@ -189,11 +237,11 @@ int main(int argc, char** argv) try {
       }
       comm.barrier();  // every rank's peaks are in before rank 0 prints them
       if (rank == 0) {
-        if (step == 1) first_loss = mean_loss;
+        if (step == start + 1) first_loss = mean_loss;
         last_loss = mean_loss;
-        if (step % o.log_every == 0 || step == 1 || step == o.steps) {
+        if (step % o.log_every == 0 || step == start + 1 || step == o.steps) {
           const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_start).count();
-          const int steps_done = step % o.log_every == 0 ? o.log_every : (step == 1 ? 1 : step % o.log_every);
+          const int steps_done = step % o.log_every == 0 ? o.log_every : (step == start + 1 ? 1 : step % o.log_every);
           const double tokens = double(steps_done) * o.ranks * o.micro_batches * o.batch * T;
           std::lock_guard lock(mu);
           const auto& p = step_peaks[0];
@@ -217,12 +265,20 @@ int main(int argc, char** argv) try {
         comm.all_reduce(&eval_loss, &eval_loss, 1, zshard::dtype::f32, zshard::reduce_op::average);
         if (rank == 0) std::printf("  eval (no-grad pass) loss %.4f\n", eval_loss);
       }
+      if (!o.save_dir.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save(step);
+    }
+    if (!o.export_path.empty()) {
+      zshard::checkpoint::export_engine(eng, o.export_path,
+                                        {.type = o.export_bf16 ? zshard::dtype::bf16 : zshard::dtype::f32});
+      if (rank == 0) std::printf("exported %s\n", o.export_path.c_str());
     }
   });
   print_peak_table(run_peaks);
-  std::printf("\nloss %.4f -> %.4f over %d steps (%s)\n", first_loss, last_loss, o.steps,
-              last_loss < first_loss ? "falling" : "NOT falling");
-  return last_loss < first_loss ? 0 : 1;
+  const int ran = o.steps - first_step + 1;
+  std::printf("\nloss %.4f -> %.4f over %d steps (%s)\n", first_loss, last_loss, ran,
+              ran < 2 || last_loss < first_loss ? "falling" : "NOT falling");
+  std::printf("final_loss: %.9g\n", last_loss);
+  return ran < 2 || last_loss < first_loss ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "02_train_gpt: %s\n", e.what());
   return 2;

@@ -31,12 +31,14 @@
 #include "zshard/engine/settings_check.hpp"
 #include "zshard/engine/residency.hpp"
 #include "zshard/engine/step_report.hpp"
+#include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/offloader.hpp"
 #include "zshard/optim/grad_clip.hpp"
 #include "zshard/optim/loss_scaler.hpp"
 #include "zshard/prefetch/prefetcher.hpp"
 #include "zshard/reduce/reducer.hpp"
 #include "zshard/state/param_store.hpp"
+#include "zshard/state/state_access.hpp"
 #include "zshard/track/hook_tracker.hpp"
 
 namespace zshard {
@@ -275,6 +277,59 @@ class engine {
     return out;
   }
 
+  // ---- state access (state/state_access.hpp): per rank, between steps ------------------------
+  // Elements [offset, offset + n) of field f of p's shard on this rank, to or from host memory
+  // (working: p's dtype; master, m, v: f32, trainable parameters only). Checkpoints, pretrained
+  // loading and parameter tools are built on these; a write takes effect at the next gather.
+  void read_shard(param_id p, state_field f, std::size_t offset, void* host_dst, std::size_t n) {
+    auto& s = shard_access(p, f, offset, n);
+    if (f != state_field::working) {
+      if constexpr (state_accessible<offloader_type>) offloader_.read_state(p, f, offset, static_cast<float*>(host_dst), n);
+      return;
+    }
+    auto& compute = store_.streams().on(stream_role::compute);
+    backend_.copy(host_dst, static_cast<const char*>(s.shard.data()) + offset * size_of(s.type), n * size_of(s.type),
+                  compute);
+    backend_.synchronize(compute);
+  }
+  void write_shard(param_id p, state_field f, std::size_t offset, const void* host_src, std::size_t n) {
+    auto& s = shard_access(p, f, offset, n);
+    if (f != state_field::working) {
+      if constexpr (state_accessible<offloader_type>)
+        offloader_.write_state(p, f, offset, static_cast<const float*>(host_src), n);
+      return;
+    }
+    auto& compute = store_.streams().on(stream_role::compute);
+    backend_.copy(static_cast<char*>(s.shard.data()) + offset * size_of(s.type), host_src, n * size_of(s.type),
+                  compute);
+    backend_.synchronize(compute);
+    publish_shards();
+  }
+  // Field f of p's shard as host memory the CPU may read and write directly (host backend,
+  // offloaded optimizer state), so checkpoints move file bytes straight in and out of it
+  // without a staging copy; null when the field lives in device memory. Valid between steps.
+  void* shard_host_data(param_id p, state_field f) {
+    auto& s = shard_access(p, f, 0, 0);
+    if (f == state_field::working) return offload::memory_is_host<Backend>() ? s.shard.data() : nullptr;
+    if constexpr (requires { offloader_.state_host_data(p, f); })
+      return offloader_.state_host_data(p, f);
+    else
+      return nullptr;
+  }
+  run_state run_counters() const noexcept { return {step_, lr_, scaler_.state()}; }
+  // Validates all of s before changing anything.
+  void restore_run_counters(const run_state& s) {
+    check_between_steps("restore_run_counters");
+    ZSHARD_REQUIRE(s.step >= 0, error_kind::config, "run state has a negative step count " + std::to_string(s.step));
+    ZSHARD_REQUIRE(std::isfinite(s.lr) && s.lr > 0, error_kind::config,
+                   "run state has learning rate " + std::to_string(s.lr) + ", not positive and finite");
+    optim::loss_scaler scaler = scaler_;
+    scaler.restore(s.scaler);
+    scaler_ = scaler;
+    lr_ = s.lr;
+    step_ = s.step;
+  }
+
   const model_spec& spec() const noexcept { return spec_; }
   const engine_config& config() const noexcept { return cfg_; }
   const shard_layout& layout(param_id p) const {
@@ -507,6 +562,29 @@ class engine {
     ZSHARD_REQUIRE(s.spec->trainable, error_kind::usage,
                    "parameter '" + s.spec->name + "' is frozen and has no gradient");
     return {s.full_grad.data(), dtype::f32, s.spec->shape};
+  }
+
+  // ---- state access helpers ------------------------------------------------------------------
+  void check_between_steps(const char* what) const {
+    rethrow_if_broken();
+    ZSHARD_REQUIRE(scopes_.count() == 0 && micro_batches_ == 0, error_kind::usage,
+                   std::string(what) + " during a step (a scope is open or a micro-batch awaits step())",
+                   "access parameter state between step() and the next forward");
+  }
+  param_slot<Backend>& shard_access(param_id p, state_field f, std::size_t offset, std::size_t n) {
+    check_between_steps("parameter state access");
+    ZSHARD_REQUIRE(p < store_.size(), error_kind::usage, "parameter id " + std::to_string(p) + " does not exist");
+    auto& s = store_[p];
+    ZSHARD_REQUIRE(offset + n <= s.layout.shard_numel, error_kind::usage,
+                   "state access of elements [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+                       ") of parameter '" + s.spec->name + "' whose shard has " + std::to_string(s.layout.shard_numel));
+    ZSHARD_REQUIRE(f == state_field::working || s.spec->trainable, error_kind::usage,
+                   "parameter '" + s.spec->name + "' is frozen: it has no " + std::string(to_string(f)) + " state");
+    if constexpr (!state_accessible<offloader_type>)
+      ZSHARD_REQUIRE(f == state_field::working, error_kind::usage,
+                     "this engine's Offloader does not provide state access (read_state/write_state)",
+                     "implement them as offload/on_device.hpp does; see state/state_access.hpp");
+    return s;
   }
 
   // Scratch for the engine's own compute work, allocated in the compute stream's order (the

@@ -52,6 +52,7 @@
 #include "zshard/offload/offloader.hpp"
 #include "zshard/optim/adamw_dispatch.hpp"
 #include "zshard/optim/grad_clip.hpp"
+#include "zshard/state/state_access.hpp"
 
 namespace zshard::offload {
 
@@ -181,6 +182,23 @@ class host_adam_impl {
     if (!ps.trainable || master_.data() == nullptr) return {};
     return {f32(master_) + ps.offset, ps.numel};
   }
+  // State access (state/state_access.hpp): straight from and into the host arrays, no device
+  // round trip. Waits for the pool first (a gradient still being accumulated).
+  void read_state(param_id p, state_field f, std::size_t offset, float* dst, std::size_t n) {
+    pool_.wait();
+    const float* src = field(p, f, offset, n);
+    if (n && src) std::memcpy(dst, src, n * sizeof(float));
+  }
+  // p's field in the host arrays (null on a phantom backend).
+  float* state_host_data(param_id p, state_field f) {
+    pool_.wait();
+    return field(p, f, 0, 0);
+  }
+  void write_state(param_id p, state_field f, std::size_t offset, const float* src, std::size_t n) {
+    pool_.wait();
+    float* dst = field(p, f, offset, n);
+    if (n && dst) std::memcpy(dst, src, n * sizeof(float));
+  }
   const offload_config& config() const noexcept { return oc_; }
   optim::simd_path path() const noexcept { return path_; }
   int threads() const noexcept { return pool_.size(); }
@@ -227,6 +245,16 @@ class host_adam_impl {
   static offload_config validated(const offload_config& oc) {
     oc.validate();
     return oc;
+  }
+
+  // Null when the backend holds no storage (phantom).
+  float* field(param_id p, state_field f, std::size_t offset, std::size_t n) {
+    const param_state& ps = trainable_state(p);
+    ZSHARD_REQUIRE(f != state_field::working && offset + n <= ps.numel, error_kind::usage,
+                   "state access of " + std::string(to_string(f)) + " elements [" + std::to_string(offset) + ", " +
+                       std::to_string(offset + n) + ") of a shard of " + std::to_string(ps.numel));
+    const auto& b = f == state_field::master ? master_ : f == state_field::m ? m_ : v_;
+    return b.data() ? f32(b) + ps.offset + offset : nullptr;
   }
 
   param_state& trainable_state(param_id p) {

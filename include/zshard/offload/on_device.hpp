@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "zshard/comm/communicator.hpp"
+#include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/offloader.hpp"
+#include "zshard/state/state_access.hpp"
 
 namespace zshard::offload {
 
@@ -109,6 +111,27 @@ class on_device_impl {
   // The fp32 master shard of p (tests and checkpoints read it).
   const buffer<Backend>& master(param_id p) const noexcept { return state_[p].master; }
 
+  // State access (state/state_access.hpp): elements [offset, offset + n) of p's master, m or v
+  // shard to or from host memory, complete on return.
+  void read_state(param_id p, state_field f, std::size_t offset, float* dst, std::size_t n) {
+    const buffer<Backend>& b = field(p, f, offset, n);
+    store_.backend().copy(dst, b.template as<float>() + offset, n * sizeof(float), compute());
+    store_.backend().synchronize(compute());
+  }
+  // p's field as host memory the CPU may read and write, when the backend's memory is host
+  // memory; else null (checkpoints then move data through a staging chunk).
+  float* state_host_data(param_id p, state_field f) {
+    if constexpr (offload::memory_is_host<Backend>())
+      return field(p, f, 0, 0).template as<float>();
+    else
+      return nullptr;
+  }
+  void write_state(param_id p, state_field f, std::size_t offset, const float* src, std::size_t n) {
+    const buffer<Backend>& b = field(p, f, offset, n);
+    store_.backend().copy(b.template as<float>() + offset, src, n * sizeof(float), compute());
+    store_.backend().synchronize(compute());
+  }
+
  private:
   struct param_state {
     buffer<Backend> master, m, v, grad;
@@ -126,6 +149,17 @@ class on_device_impl {
 
   // Init, update and gradient statistics run on the compute stream (see offloader.hpp).
   typename Backend::stream& compute() noexcept { return store_.streams().on(stream_role::compute); }
+
+  const buffer<Backend>& field(param_id p, state_field f, std::size_t offset, std::size_t n) const {
+    ZSHARD_REQUIRE(p < state_.size() && state_[p].master, error_kind::usage,
+                   "parameter #" + std::to_string(p) + " has no optimizer state (frozen or out of range)");
+    const auto& st = state_[p];
+    const buffer<Backend>& b = f == state_field::master ? st.master : f == state_field::m ? st.m : st.v;
+    ZSHARD_REQUIRE(f != state_field::working && offset + n <= b.numel(), error_kind::usage,
+                   "state access of " + std::string(to_string(f)) + " elements [" + std::to_string(offset) + ", " +
+                       std::to_string(offset + n) + ") of a shard of " + std::to_string(b.numel()));
+    return b;
+  }
 
   param_store<Backend>& store_;
   Comm& comm_;

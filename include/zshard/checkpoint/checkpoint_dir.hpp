@@ -1,0 +1,126 @@
+#pragma once
+// The layout of a directory of checkpoints, and the operations that keep it consistent:
+//
+//   DIR/step-0000000100/         one complete checkpoint (manifest.json, rank files, user state)
+//   DIR/step-0000000200/
+//   DIR/latest                   the name of the newest complete checkpoint, one line
+//   DIR/.step-0000000300.tmp/    a save in progress (or one that crashed: removed by the next save)
+//
+// A checkpoint directory appears only by rename(2) of a complete, fsynced temporary directory,
+// and `latest` is replaced by rename(2) of a fsynced temporary file: a crash at any point
+// leaves the previous checkpoint and the previous `latest` intact. Saving the same step twice
+// gives the second one a suffix (step-0000000100.1) instead of touching the first.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "zshard/checkpoint/file_io.hpp"
+
+namespace zshard::checkpoint {
+
+inline constexpr const char* latest_file = "latest";
+inline constexpr const char* manifest_file_name = "manifest.json";
+
+struct checkpoint_name {
+  std::int64_t step = 0;
+  int suffix = 0;
+  std::string name;
+  friend bool operator<(const checkpoint_name& a, const checkpoint_name& b) {
+    return a.step != b.step ? a.step < b.step : a.suffix < b.suffix;
+  }
+};
+
+// "step-0000000100" or "step-0000000100.2"; nothing else.
+inline bool parse_checkpoint_name(const std::string& s, checkpoint_name& out) {
+  if (s.size() < 6 || s.compare(0, 5, "step-") != 0) return false;
+  std::size_t i = 5, digits = 0;
+  std::int64_t step = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) step = step * 10 + (s[i++] - '0'), ++digits;
+  if (digits == 0 || digits > 18) return false;
+  int suffix = 0;
+  if (i < s.size()) {
+    if (s[i++] != '.' || i == s.size()) return false;
+    std::size_t sd = 0;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) suffix = suffix * 10 + (s[i++] - '0'), ++sd;
+    if (i != s.size() || sd == 0 || sd > 6) return false;
+  }
+  out = {step, suffix, s};
+  return true;
+}
+
+// Complete checkpoints in dir, oldest first.
+inline std::vector<checkpoint_name> list_checkpoints(const std::string& dir) {
+  std::vector<checkpoint_name> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    checkpoint_name n;
+    if (e.is_directory() && parse_checkpoint_name(e.path().filename().string(), n)) out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A fresh name for a checkpoint of `step` in dir.
+inline std::string new_checkpoint_name(const std::string& dir, std::int64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "step-%010lld", static_cast<long long>(step));
+  std::string name = buf;
+  for (int k = 1; std::filesystem::exists(dir + "/" + name); ++k) name = std::string(buf) + "." + std::to_string(k);
+  return name;
+}
+
+// Leftovers of saves that did not complete.
+inline void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() > 5 && n[0] == '.' && n.compare(n.size() - 4, 4, ".tmp") == 0) std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
+// Points `latest` at name, atomically.
+inline void set_latest(const std::string& dir, const std::string& name) {
+  const std::string tmp = dir + "/." + std::string(latest_file) + ".tmp";
+  write_small_file(tmp, name + "\n");
+  rename_path(tmp, dir + "/" + latest_file);
+  sync_directory(dir);
+}
+
+// The checkpoint `path` names: a checkpoint directory itself (it has a manifest), or a
+// directory of checkpoints whose `latest` names one.
+inline std::string resolve_checkpoint(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::exists(path + "/" + manifest_file_name)) return path;
+  if (fs::exists(path + "/" + latest_file)) {
+    std::string name = read_small_file(path + "/" + latest_file, 4096);
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+    checkpoint_name n;
+    if (!parse_checkpoint_name(name, n))
+      throw error(error_kind::io, "'" + path + "/latest' does not name a checkpoint ('" + name + "')",
+                  "point it at an existing step-* directory, or load that directory directly");
+    const std::string full = path + "/" + name;
+    if (!fs::exists(full + "/" + manifest_file_name))
+      throw error(error_kind::io, "'" + path + "/latest' names '" + name + "', which has no manifest.json",
+                  "load one of the step-* directories directly");
+    return full;
+  }
+  throw error(error_kind::io, "no checkpoint at '" + path + "' (neither manifest.json nor latest there)",
+              "name a directory that a save wrote to, or one of its step-* directories");
+}
+
+// Keeps the newest `keep` complete checkpoints and the one `latest` names; removes the rest.
+inline void rotate_checkpoints(const std::string& dir, std::size_t keep, const std::string& latest) {
+  if (keep == 0) return;
+  auto all = list_checkpoints(dir);
+  if (all.size() <= keep) return;
+  for (std::size_t i = 0; i + keep < all.size(); ++i) {
+    if (all[i].name == latest) continue;
+    std::error_code ec;
+    std::filesystem::remove_all(dir + "/" + all[i].name, ec);
+  }
+}
+
+}  // namespace zshard::checkpoint

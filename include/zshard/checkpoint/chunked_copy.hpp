@@ -1,0 +1,36 @@
+#pragma once
+// Moving n elements from a source to a destination through one bounded host chunk, converting
+// the element type on the way (round to nearest even): the inner loop of every load, save and
+// export. read(first, k, dst) fills k elements of the source type, write(first, k, src) takes
+// k elements of the destination type; first counts from 0.
+#include <algorithm>
+#include <cstdint>
+
+#include "zshard/core/dtype.hpp"
+#include "zshard/core/error.hpp"
+
+namespace zshard::checkpoint {
+
+template <class Read, class Write>
+void chunked_copy(char* chunk, std::size_t chunk_bytes, std::uint64_t n, dtype from, dtype to, Read&& read,
+                  Write&& write) {
+  const bool same = from == to;
+  const std::size_t per = same ? size_of(from) : size_of(from) + size_of(to);
+  const std::size_t k_max = chunk_bytes / per / 16 * 16;  // the converted half stays aligned
+  ZSHARD_REQUIRE(k_max > 0, error_kind::config, "checkpoint chunk of " + std::to_string(chunk_bytes) + " bytes is too small",
+                 "use a chunk of at least a few KiB (e.g. 64 MiB)");
+  char* converted = chunk + k_max * size_of(from);
+  for (std::uint64_t first = 0; first < n;) {
+    const auto k = static_cast<std::size_t>(std::min<std::uint64_t>(k_max, n - first));
+    read(first, k, static_cast<void*>(chunk));
+    if (same) {
+      write(first, k, static_cast<const void*>(chunk));
+    } else {
+      convert(chunk, from, converted, to, k);
+      write(first, k, static_cast<const void*>(converted));
+    }
+    first += k;
+  }
+}
+
+}  // namespace zshard::checkpoint

@@ -1,0 +1,173 @@
+#pragma once
+// Export: the model as one safetensors file (spec names, bf16 or f32, 1 tensor per parameter
+// with its shape), from a running engine or from a sharded checkpoint on disk.
+//
+// From an engine (export_engine, collective): rank 0 writes the header and sizes the file;
+// then every rank writes the elements it owns straight to their offsets (pwrite), through one
+// chunk — no gathers, no rank holds more than its shards and the chunk. Ranks meet through
+// marker files (rendezvous.hpp), so a slow disk does not trip the communicator's timeout; rank
+// 0 then fsyncs and renames the file into place. The file appears complete or not at all.
+//
+// From a checkpoint (export_checkpoint, one process, no engine: tools/zshard_export): tensor
+// by tensor in file order, each assembled from the rank files that hold its pieces, through
+// one chunk; every rank file's checksum is verified first.
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "zshard/checkpoint/agreement.hpp"
+#include "zshard/checkpoint/checkpoint_dir.hpp"
+#include "zshard/checkpoint/chunked_copy.hpp"
+#include "zshard/checkpoint/host_staging.hpp"
+#include "zshard/checkpoint/manifest.hpp"
+#include "zshard/checkpoint/rendezvous.hpp"
+#include "zshard/checkpoint/safetensors_reader.hpp"
+#include "zshard/checkpoint/safetensors_writer.hpp"
+#include "zshard/checkpoint/sharded_load.hpp"
+
+namespace zshard::checkpoint {
+
+struct export_options {
+  dtype type = dtype::f32;  // f32 or bf16 (f16 works too)
+  // working: the values the model computes with; master: the f32 master of trainable
+  // parameters (frozen ones have only working values)
+  state_field source = state_field::working;
+  std::size_t chunk_bytes = std::size_t{64} << 20;
+  std::chrono::milliseconds io_timeout = std::chrono::minutes(30);
+  write_hook hook{};
+};
+
+inline std::vector<planned_tensor> export_plan(const std::vector<manifest_param>& params, dtype type) {
+  std::vector<planned_tensor> plan;
+  for (const auto& p : params) plan.push_back({p.name, file_dtype_of(type), p.shape});
+  return plan;
+}
+
+inline void check_export_options(const export_options& o) {
+  ZSHARD_REQUIRE(o.source == state_field::working || o.source == state_field::master, error_kind::usage,
+                 "export_options::source must be working or master");
+}
+
+template <class Engine>
+void export_engine(Engine& eng, const std::string& out, const export_options& o = {}) {
+  check_export_options(o);
+  const int rank = eng.comm().rank(), world = eng.comm().size();
+  const std::string what = "export to '" + out + "'";
+  const manifest m = describe_engine(eng);
+  const std::string tmp = out + ".zshard-export.tmp", data = tmp + "/data.safetensors";
+  const std::string markers = tmp + "/markers";
+  std::vector<std::uint64_t> offsets;
+  const std::string header = make_header(export_plan(m.params, o.type), {{"format", "pt"}}, &offsets);
+  agree(eng, what, [&] {
+    if (rank != 0) return;
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);
+    make_directories(markers);
+    file_handle f = file_handle::create(data);
+    f.write_all(header.data(), header.size(), o.hook);
+    std::uint64_t end = header.size();
+    for (const auto& t : export_plan(m.params, o.type)) end += t.bytes();
+    f.truncate(end);
+    f.close();
+  });
+  {
+    bool ok = true;
+    std::string text = "ok";
+    try {
+      host_staging chunk(eng.backend(), o.chunk_bytes);
+      file_handle f(data, O_WRONLY);
+      for (param_id p = 0; p < m.params.size(); ++p) {
+        const auto& mp = m.params[p];
+        const auto [b, e] = mp.replicated ? (rank == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, mp.numel}
+                                                       : std::pair<std::uint64_t, std::uint64_t>{0, 0})
+                                          : held_range(eng, p);
+        const state_field fld = mp.trainable ? o.source : state_field::working;
+        const dtype from = fld == state_field::working ? mp.type : dtype::f32;
+        const std::uint64_t base = header.size() + offsets[p] + b * size_of(o.type);
+        chunked_copy(
+            chunk.bytes_at(0), chunk.bytes(), e - b, from, o.type,
+            [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, fld, first, dst, k); },
+            [&](std::uint64_t first, std::size_t k, const void* src) {
+              f.write_at(base + first * size_of(o.type), src, k * size_of(o.type), o.hook);
+            });
+      }
+      f.sync();
+      f.close();
+    } catch (const error& e) {
+      ok = false;
+      text = encode_error(e);
+    } catch (const std::exception& e) {
+      ok = false;
+      text = encode_error(error(error_kind::io, e.what()));
+    }
+    try {
+      post_outcome(markers, rank, ok, text);
+    } catch (...) {
+      // the others time out naming this rank
+    }
+  }
+  const auto outcomes = await_outcomes(markers, world, o.io_timeout, what);
+  for (int q = 0; q < world; ++q)
+    if (!outcomes[static_cast<std::size_t>(q)].ok) throw decode_error(outcomes[static_cast<std::size_t>(q)].text, q, what);
+  agree(eng, what, [&] {
+    if (rank != 0) return;
+    rename_path(data, out);
+    const auto parent = std::filesystem::path(out).parent_path().string();
+    sync_directory(parent.empty() ? "." : parent);
+  });
+  std::error_code ec;
+  if (rank == 0) std::filesystem::remove_all(tmp, ec);  // every rank is past reading the markers
+}
+
+// A sharded checkpoint (a checkpoint directory, or a directory with `latest`) to one file.
+inline void export_checkpoint(const std::string& checkpoint, const std::string& out, const export_options& o = {}) {
+  check_export_options(o);
+  const std::string dir = resolve_checkpoint(checkpoint);
+  const std::string mpath = dir + "/" + manifest_file_name;
+  const manifest m = manifest::parse(read_small_file(mpath), mpath);
+  std::vector<std::unique_ptr<safetensors_file>> files;
+  offload::host_memory mem("host (export staging)", std::nullopt, true);
+  buffer<offload::host_memory> chunk(mem, dtype::f32, (o.chunk_bytes + 3) / 4, mem_category::scratch);
+  for (int q = 0; q < m.world_size; ++q) {
+    const auto& mf = m.files[static_cast<std::size_t>(q)];
+    files.push_back(std::make_unique<safetensors_file>(dir + "/" + mf.name));
+    struct view {
+      buffer<offload::host_memory>& b;
+      void* data() const { return b.data(); }
+      std::size_t bytes() const { return b.bytes(); }
+    } v{chunk};
+    if (files.back()->size() != mf.bytes)
+      throw error(error_kind::io, "'" + files.back()->path() + "' has " + std::to_string(files.back()->size()) +
+                                      " bytes, the manifest says " + std::to_string(mf.bytes) + " (truncated or replaced)");
+    verify_file(*files.back(), mf, v);
+  }
+  const std::string tmp = out + ".zshard-export.tmp";
+  {
+    safetensors_writer w(tmp, export_plan(m.params, o.type), {{"format", "pt"}}, o.hook);
+    for (const auto& mp : m.params) {
+      const state_field fld = mp.trainable ? o.source : state_field::working;
+      const dtype from = fld == state_field::working ? mp.type : dtype::f32;
+      for (int q = 0; q < m.world_size; ++q) {
+        const auto [sb, se] = mp.stored_range(q);
+        if (sb >= se) continue;
+        const safetensors_file& f = *files[static_cast<std::size_t>(q)];
+        const tensor_entry* t = f.find(field_tensor(mp.name, fld));
+        if (!t || t->numel() != se - sb || t->type != file_dtype_of(from))
+          throw error(error_kind::io, "'" + f.path() + "' lacks tensor '" + field_tensor(mp.name, fld) + "'",
+                      "the rank file does not belong to this manifest");
+        chunked_copy(
+            static_cast<char*>(chunk.data()), chunk.bytes(), se - sb, from, o.type,
+            [&](std::uint64_t first, std::size_t k, void* dst) { f.read(*t, first, k, dst); },
+            [&](std::uint64_t, std::size_t k, const void* src) { w.write(src, k * size_of(o.type)); });
+      }
+    }
+    w.finish();
+  }
+  rename_path(tmp, out);
+  const auto parent = std::filesystem::path(out).parent_path().string();
+  sync_directory(parent.empty() ? "." : parent);
+}
+
+}  // namespace zshard::checkpoint

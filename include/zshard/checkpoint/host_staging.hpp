@@ -1,0 +1,51 @@
+#pragma once
+// The one chunk of host memory a load, save or export moves data through, charged to a ledger
+// for its whole life, so that the memory these operations add is bounded by the chunk size
+// the caller chooses and shows in the peaks:
+//  - the backend's own ledger when its memory is host memory (host backend), category scratch;
+//  - its page-locked memory's ledger when it has one (CUDA), which also makes the copies fast;
+//  - otherwise a ledger of its own, "host (checkpoint staging)".
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <type_traits>
+
+#include "zshard/core/buffer.hpp"
+#include "zshard/offload/host_memory.hpp"
+
+namespace zshard::checkpoint {
+
+template <class Backend>
+class host_staging {
+  static constexpr bool direct = offload::memory_is_host<Backend>();
+  static constexpr bool pinned = !direct && offload::has_pinned_memory<Backend>;
+  using resource = std::conditional_t<direct, Backend,
+                                      std::conditional_t<pinned, offload::host_resource_t<Backend>, offload::host_memory>>;
+
+ public:
+  host_staging(Backend& backend, std::size_t bytes) {
+    static_assert(Backend::holds_storage, "zshard: checkpoints need a backend that holds storage (not phantom)");
+    resource* r = nullptr;
+    if constexpr (direct) {
+      r = &backend;
+    } else if constexpr (pinned) {
+      r = &backend.pinned();
+    } else {
+      own_ = std::make_unique<offload::host_memory>("host (checkpoint staging)", std::nullopt, true);
+      r = own_.get();
+    }
+    buf_ = buffer<resource>(*r, dtype::f32, (bytes + 3) / 4, mem_category::scratch);
+    ledger_ = &r->ledger();
+  }
+  void* data() const noexcept { return buf_.data(); }
+  char* bytes_at(std::size_t offset) const noexcept { return static_cast<char*>(buf_.data()) + offset; }
+  std::size_t bytes() const noexcept { return buf_.bytes(); }
+  const memory_ledger& ledger() const noexcept { return *ledger_; }
+
+ private:
+  std::unique_ptr<offload::host_memory> own_;  // declared before buf_: outlives it
+  buffer<resource> buf_;
+  const memory_ledger* ledger_ = nullptr;
+};
+
+}  // namespace zshard::checkpoint

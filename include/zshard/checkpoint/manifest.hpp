@@ -1,0 +1,196 @@
+#pragma once
+// manifest.json of a sharded checkpoint: what was saved (format and version, the model: names,
+// shapes, dtypes, flags, each parameter's layout at save time), by how many ranks, the run
+// counters, and every file with its size and CRC32C. A load checks the manifest against the
+// engine and the files against the manifest before it changes anything.
+//
+// Rank q's file, rank-0000q.safetensors, holds for every parameter the elements rank q owned
+// at save time (shard_layout::owned_begin/end, padding excluded; a replicated parameter is in
+// rank 0's file only): tensor "<name>:working" in the parameter's dtype and, for trainable
+// parameters, "<name>:master", "<name>:m", "<name>:v" in F32 — each a 1-d tensor. Any rank
+// count can read them back (resharding): element g of a parameter lives in the file of the
+// rank that owned g.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zshard/checkpoint/safetensors_format.hpp"
+#include "zshard/model/model_spec.hpp"
+#include "zshard/partition/shard_layout.hpp"
+#include "zshard/state/state_access.hpp"
+
+namespace zshard::checkpoint {
+
+inline constexpr const char* manifest_format = "zshard-checkpoint";
+inline constexpr int manifest_version = 1;
+
+struct manifest_param {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  dtype type = dtype::f32;  // working dtype at save time
+  bool trainable = true, decay = true;
+  std::uint64_t numel = 0, shard_numel = 0;
+  bool replicated = false;
+
+  // The elements rank q's file holds: [first, second).
+  std::pair<std::uint64_t, std::uint64_t> stored_range(int q) const noexcept {
+    if (replicated) return q == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, numel} : std::pair<std::uint64_t, std::uint64_t>{0, 0};
+    const std::uint64_t b = std::min(numel, static_cast<std::uint64_t>(q) * shard_numel);
+    return {b, std::min(numel, b + shard_numel)};
+  }
+};
+
+struct manifest_file {
+  std::string name;
+  std::uint64_t bytes = 0;
+  std::uint32_t crc32c = 0;
+};
+
+inline std::string field_tensor(const std::string& param, state_field f) { return param + ":" + std::string(to_string(f)); }
+inline std::string rank_file_name(int q) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "rank-%05d.safetensors", q);
+  return buf;
+}
+inline constexpr const char* user_state_file = "user_state.bin";
+
+inline std::optional<dtype> parse_dtype(const std::string& s) {
+  if (s == "f32") return dtype::f32;
+  if (s == "bf16") return dtype::bf16;
+  if (s == "f16") return dtype::f16;
+  return std::nullopt;
+}
+
+struct manifest {
+  int world_size = 1;
+  run_state run{};
+  std::vector<manifest_param> params;
+  std::vector<manifest_file> files;  // index: the rank that wrote it
+  std::optional<manifest_file> user_state;
+
+  std::string to_json() const {
+    nlohmann::ordered_json j;
+    j["format"] = manifest_format;
+    j["version"] = manifest_version;
+    j["world_size"] = world_size;
+    j["run"] = {{"step", run.step},
+                {"lr", run.lr},
+                {"loss_scale", run.scaler.scale},
+                {"skipped_steps", run.scaler.skipped_steps},
+                {"overflows_at_min_scale", run.scaler.overflows_at_min_scale},
+                {"good_steps_in_row", run.scaler.good_steps_in_row}};
+    auto& ps = j["params"] = nlohmann::ordered_json::array();
+    for (const auto& p : params)
+      ps.push_back({{"name", p.name},
+                    {"shape", p.shape},
+                    {"dtype", std::string(to_string(p.type))},
+                    {"trainable", p.trainable},
+                    {"decay", p.decay},
+                    {"numel", p.numel},
+                    {"shard_numel", p.shard_numel},
+                    {"replicated", p.replicated}});
+    auto file_json = [](const manifest_file& f) {
+      return nlohmann::ordered_json{{"name", f.name}, {"bytes", f.bytes}, {"crc32c", f.crc32c}};
+    };
+    auto& fs = j["files"] = nlohmann::ordered_json::array();
+    for (const auto& f : files) fs.push_back(file_json(f));
+    if (user_state) j["user_state"] = file_json(*user_state);
+    return j.dump(1);
+  }
+
+  // Parses and checks every field's presence and type; `path` names the file in errors.
+  static manifest parse(const std::string& text, const std::string& path) {
+    using nlohmann::json;
+    auto bad = [&](const std::string& what) -> error {
+      return error(error_kind::io, "'" + path + "' is not a valid zshard checkpoint manifest: " + what,
+                   "the checkpoint is damaged or was not written by zshard; load an earlier one");
+    };
+    json j = json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
+    try {
+      if (j.at("format").get<std::string>() != manifest_format) throw bad("format is not " + std::string(manifest_format));
+      const int version = j.at("version").get<int>();
+      if (version != manifest_version)
+        throw error(error_kind::io,
+                    "'" + path + "' has checkpoint format version " + std::to_string(version) + ", this zshard reads " +
+                        std::to_string(manifest_version),
+                    "load it with the zshard version that wrote it and export it, or retrain");
+      manifest m;
+      m.world_size = j.at("world_size").get<int>();
+      if (m.world_size < 1) throw bad("world_size < 1");
+      const json& r = j.at("run");
+      m.run.step = r.at("step").get<std::int64_t>();
+      m.run.lr = r.at("lr").get<float>();
+      m.run.scaler.scale = r.at("loss_scale").get<float>();
+      m.run.scaler.skipped_steps = r.at("skipped_steps").get<std::int64_t>();
+      m.run.scaler.overflows_at_min_scale = r.at("overflows_at_min_scale").get<std::int64_t>();
+      m.run.scaler.good_steps_in_row = r.at("good_steps_in_row").get<std::int64_t>();
+      for (const json& p : j.at("params")) {
+        manifest_param mp;
+        mp.name = p.at("name").get<std::string>();
+        mp.shape = p.at("shape").get<std::vector<std::int64_t>>();
+        const auto t = parse_dtype(p.at("dtype").get<std::string>());
+        if (!t) throw bad("parameter '" + mp.name + "' has an unknown dtype");
+        mp.type = *t;
+        mp.trainable = p.at("trainable").get<bool>();
+        mp.decay = p.at("decay").get<bool>();
+        mp.numel = p.at("numel").get<std::uint64_t>();
+        mp.shard_numel = p.at("shard_numel").get<std::uint64_t>();
+        mp.replicated = p.at("replicated").get<bool>();
+        std::uint64_t n = 1;
+        for (auto d : mp.shape) n *= static_cast<std::uint64_t>(d < 0 ? 0 : d);
+        if (n != mp.numel || (!mp.replicated && mp.shard_numel * std::uint64_t(m.world_size) < mp.numel))
+          throw bad("parameter '" + mp.name + "' has an inconsistent shape or layout");
+        m.params.push_back(std::move(mp));
+      }
+      auto file_of = [](const json& f) {
+        return manifest_file{f.at("name").get<std::string>(), f.at("bytes").get<std::uint64_t>(),
+                             f.at("crc32c").get<std::uint32_t>()};
+      };
+      for (const json& f : j.at("files")) m.files.push_back(file_of(f));
+      if (m.files.size() != static_cast<std::size_t>(m.world_size))
+        throw bad(std::to_string(m.files.size()) + " rank files listed for world size " + std::to_string(m.world_size));
+      for (int q = 0; q < m.world_size; ++q)
+        if (m.files[static_cast<std::size_t>(q)].name != rank_file_name(q)) throw bad("rank file names out of order");
+      if (j.contains("user_state")) m.user_state = file_of(j.at("user_state"));
+      return m;
+    } catch (const json::exception& e) {
+      throw bad(e.what());
+    }
+  }
+};
+
+// Every way the checkpoint's model differs from `spec` (with working dtype default
+// `param_dtype`), one line each; empty when they match.
+inline std::vector<std::string> compare_models(const manifest& m, const model_spec& spec, dtype param_dtype) {
+  std::vector<std::string> out;
+  std::vector<bool> matched(m.params.size(), false);
+  for (const auto& p : spec.params()) {
+    auto it = std::find_if(m.params.begin(), m.params.end(), [&](const manifest_param& q) { return q.name == p.name; });
+    if (it == m.params.end()) {
+      out.push_back("missing from the checkpoint: '" + p.name + "' " + p.shape.to_string());
+      continue;
+    }
+    matched[static_cast<std::size_t>(it - m.params.begin())] = true;
+    std::vector<std::int64_t> dims;
+    for (int i = 0; i < p.shape.rank(); ++i) dims.push_back(p.shape[i]);
+    if (dims != it->shape) {
+      std::string s = "[";
+      for (std::size_t i = 0; i < it->shape.size(); ++i) s += (i ? ", " : "") + std::to_string(it->shape[i]);
+      out.push_back("shape of '" + p.name + "': model " + p.shape.to_string() + ", checkpoint " + s + "]");
+    }
+    if (p.trainable != it->trainable)
+      out.push_back("'" + p.name + "' is " + (p.trainable ? "trainable" : "frozen") + " in the model, " +
+                    (it->trainable ? "trainable" : "frozen") + " in the checkpoint");
+    (void)param_dtype;  // a different working dtype is converted on load
+  }
+  for (std::size_t i = 0; i < m.params.size(); ++i)
+    if (!matched[i]) out.push_back("unexpected in the checkpoint: '" + m.params[i].name + "'");
+  return out;
+}
+
+}  // namespace zshard::checkpoint

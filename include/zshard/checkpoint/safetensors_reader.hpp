@@ -1,0 +1,137 @@
+#pragma once
+// Reading safetensors files by byte range. A safetensors_file parses and validates its header
+// on open (safetensors_format.hpp) and then reads any element range of any tensor with pread,
+// so a rank reads its own shard of a parameter and nothing else. A safetensors_source is one
+// file or the set of files a Hugging Face `*.safetensors.index.json` names ("weight_map":
+// tensor name -> file, relative to the index), looked up by tensor name.
+//
+// Nothing here allocates data buffers: callers read into their own chunk (bounded, counted in
+// a ledger; see host_staging.hpp).
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "zshard/checkpoint/file_io.hpp"
+#include "zshard/checkpoint/safetensors_format.hpp"
+
+namespace zshard::checkpoint {
+
+class safetensors_file {
+ public:
+  explicit safetensors_file(const std::string& path) : file_(file_handle::read_only(path)) {
+    size_ = file_.size();
+    if (size_ < 8)
+      detail::bad_file(path, "it has " + std::to_string(size_) + " bytes, fewer than the 8-byte header length");
+    unsigned char len[8];
+    file_.read_at(0, len, 8);
+    const std::uint64_t n = decode_header_length(len);
+    if (n > max_header_bytes || n > size_ - 8)
+      detail::bad_file(path, "its header length " + std::to_string(n) + " exceeds the file (" + std::to_string(size_) +
+                                 " bytes) or the 100 MB limit");
+    std::string text(static_cast<std::size_t>(n), '\0');
+    file_.read_at(8, text.data(), text.size());
+    header_ = parse_header(text, size_, path);
+    header_text_ = std::move(text);
+  }
+
+  const std::string& path() const noexcept { return file_.path(); }
+  std::uint64_t size() const noexcept { return size_; }
+  const safetensors_header& header() const noexcept { return header_; }
+  const std::string& header_text() const noexcept { return header_text_; }
+  const tensor_entry* find(const std::string& name) const { return header_.find(name); }
+
+  // Elements [first, first + n) of tensor t into dst (in the file's dtype).
+  void read(const tensor_entry& t, std::uint64_t first, std::uint64_t n, void* dst) const {
+    const std::uint64_t w = size_of(t.type);
+    ZSHARD_REQUIRE(first + n <= t.numel(), error_kind::usage,
+                   "read of elements [" + std::to_string(first) + ", " + std::to_string(first + n) + ") of tensor '" +
+                       t.name + "' which has " + std::to_string(t.numel()));
+    file_.read_at(t.begin + first * w, dst, static_cast<std::size_t>(n * w));
+  }
+  // Raw bytes (checksums over a whole file).
+  void read_bytes(std::uint64_t offset, void* dst, std::size_t n) const { file_.read_at(offset, dst, n); }
+
+ private:
+  file_handle file_;
+  std::uint64_t size_ = 0;
+  safetensors_header header_;
+  std::string header_text_;
+};
+
+// One file, or every file of an index, by tensor name.
+class safetensors_source {
+ public:
+  struct located {
+    const safetensors_file* file = nullptr;
+    const tensor_entry* tensor = nullptr;
+  };
+
+  // `path`: a .safetensors file, or a *.index.json next to the files it names.
+  explicit safetensors_source(const std::string& path) {
+    if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0)
+      open_index(path);
+    else
+      add_file(path, nullptr);
+  }
+
+  // Every tensor in the source, in file order.
+  std::vector<located> tensors() const {
+    std::vector<located> out;
+    for (const auto& f : files_)
+      for (const auto& t : f->header().tensors) out.push_back({f.get(), &t});
+    return out;
+  }
+  located find(const std::string& name) const {
+    auto it = where_.find(name);
+    return it == where_.end() ? located{} : it->second;
+  }
+  std::size_t file_count() const noexcept { return files_.size(); }
+
+ private:
+  void open_index(const std::string& path) {
+    using nlohmann::json;
+    json j = json::parse(read_small_file(path), nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw error(error_kind::io, "'" + path + "' is not a safetensors index: no \"weight_map\" object",
+                  "name a .safetensors file, or the model's *.safetensors.index.json");
+    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    std::map<std::string, std::vector<std::string>> by_file;  // file -> tensors the index puts there
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string())
+        throw error(error_kind::io, "'" + path + "': weight_map entry '" + it.key() + "' is not a file name");
+      by_file[it.value().get<std::string>()].push_back(it.key());
+    }
+    for (const auto& [file, names] : by_file) {
+      const std::string full = (dir / file).string();
+      add_file(full, &names);
+    }
+  }
+
+  // `expected`: the tensors an index says the file holds; each must be there.
+  void add_file(const std::string& path, const std::vector<std::string>* expected) {
+    files_.push_back(std::make_unique<safetensors_file>(path));
+    const safetensors_file& f = *files_.back();
+    for (const auto& t : f.header().tensors) {
+      if (expected && std::find(expected->begin(), expected->end(), t.name) == expected->end()) continue;
+      auto [it, fresh] = where_.emplace(t.name, located{&f, &t});
+      if (!fresh)
+        throw error(error_kind::io, "tensor '" + t.name + "' is in both '" + it->second.file->path() + "' and '" + path + "'",
+                    "fix the index so that each tensor lives in one file");
+    }
+    if (expected)
+      for (const auto& name : *expected)
+        if (!f.find(name))
+          throw error(error_kind::io, "the index puts tensor '" + name + "' in '" + path + "', which does not hold it",
+                      "the index and the files disagree: download or write them again");
+  }
+
+  std::vector<std::unique_ptr<safetensors_file>> files_;
+  std::map<std::string, located> where_;
+};
+
+}  // namespace zshard::checkpoint

@@ -1,0 +1,183 @@
+#pragma once
+// save(engine, dir): a sharded checkpoint, collective (every rank calls it, between steps).
+//
+//  1. Rank 0 creates DIR, removes leftovers of crashed saves, picks the checkpoint's name and
+//     creates its temporary directory; one small collective tells every rank the name, or the
+//     error (an unwritable directory fails here, on every rank, before anyone writes).
+//  2. Every rank streams its own state into rank-0000r.safetensors (manifest.hpp): parameter
+//     by parameter through one chunk of save_options::chunk_bytes, CRC32C on the way, fsync.
+//     With offload::host_adam the optimizer state is written from host memory directly.
+//  3. Ranks meet through marker files, not a collective (rendezvous.hpp): a slow disk cannot
+//     trip the communicator's timeout. Any rank's failure fails the save on every rank.
+//  4. Rank 0 writes the user's state and manifest.json (sizes and CRC32C of every file), fsyncs
+//     them and the directory, renames it into place, switches `latest` (checkpoint_dir.hpp)
+//     and removes checkpoints beyond keep_last; a last small collective reports the outcome.
+// A failure or crash anywhere leaves the previous checkpoint and `latest` as they were. The
+// engine is only read.
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "zshard/checkpoint/agreement.hpp"
+#include "zshard/checkpoint/checkpoint_dir.hpp"
+#include "zshard/checkpoint/chunked_copy.hpp"
+#include "zshard/checkpoint/host_staging.hpp"
+#include "zshard/checkpoint/manifest.hpp"
+#include "zshard/checkpoint/rendezvous.hpp"
+#include "zshard/checkpoint/safetensors_writer.hpp"
+
+namespace zshard::checkpoint {
+
+struct save_options {
+  std::size_t keep_last = 0;        // complete checkpoints to keep in DIR (0: all)
+  std::string user_state;           // the training stack's own bytes (data position, ...); rank 0's is saved
+  std::size_t chunk_bytes = std::size_t{64} << 20;  // host memory each rank moves data through
+  std::chrono::milliseconds io_timeout = std::chrono::minutes(30);  // how long ranks wait for the slowest writer
+  write_hook hook{};                // tests: inject a full disk or a slow disk
+};
+
+struct saved_checkpoint {
+  std::string path;          // DIR/step-...
+  std::int64_t step = 0;
+  std::uint64_t rank_bytes = 0;  // this rank's file
+};
+
+// The model and layouts part of the manifest (files, run state filled by the caller).
+template <class Engine>
+manifest describe_engine(Engine& eng) {
+  manifest m;
+  m.world_size = eng.comm().size();
+  m.run = eng.run_counters();
+  for (param_id p = 0; p < eng.spec().params().size(); ++p) {
+    const auto& ps = eng.spec().params()[p];
+    const auto& l = eng.layout(p);
+    manifest_param mp;
+    mp.name = ps.name;
+    for (int i = 0; i < ps.shape.rank(); ++i) mp.shape.push_back(ps.shape[i]);
+    mp.type = eng.store()[p].type;
+    mp.trainable = ps.trainable;
+    mp.decay = ps.decay;
+    mp.numel = l.numel;
+    mp.shard_numel = l.shard_numel;
+    mp.replicated = l.replicated;
+    m.params.push_back(std::move(mp));
+  }
+  return m;
+}
+
+inline std::vector<state_field> saved_fields(bool trainable) {
+  if (trainable) return {state_field::working, state_field::master, state_field::m, state_field::v};
+  return {state_field::working};
+}
+
+// Rank `rank`'s file of checkpoint `m` from the engine's shards.
+template <class Engine, class Staging>
+written_file write_rank_file(Engine& eng, const manifest& m, int rank, const std::string& path, Staging& chunk,
+                             const write_hook& hook) {
+  std::vector<planned_tensor> plan;
+  for (const auto& p : m.params) {
+    const auto [b, e] = p.stored_range(rank);
+    if (e == b) continue;
+    for (state_field f : saved_fields(p.trainable))
+      plan.push_back({field_tensor(p.name, f), f == state_field::working ? file_dtype_of(p.type) : file_dtype::f32,
+                      {static_cast<std::int64_t>(e - b)}});
+  }
+  safetensors_writer w(path, std::move(plan),
+                       {{"zshard_rank", std::to_string(rank)}, {"zshard_world", std::to_string(m.world_size)}}, hook);
+  for (param_id p = 0; p < m.params.size(); ++p) {
+    const auto& mp = m.params[p];
+    const auto [b, e] = mp.stored_range(rank);
+    for (state_field f : e == b ? std::vector<state_field>{} : saved_fields(mp.trainable)) {
+      const dtype t = f == state_field::working ? mp.type : dtype::f32;
+      if (const void* direct = eng.shard_host_data(p, f)) {  // host memory: written from where it lives
+        w.write(direct, (e - b) * size_of(t));
+        continue;
+      }
+      chunked_copy(
+          chunk.bytes_at(0), chunk.bytes(), e - b, t, t,
+          [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, f, first, dst, k); },
+          [&](std::uint64_t, std::size_t k, const void* src) { w.write(src, k * size_of(t)); });
+    }
+  }
+  return w.finish();
+}
+
+template <class Engine>
+saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o = {}) {
+  const int rank = eng.comm().rank(), world = eng.comm().size();
+  const std::string what = "checkpoint save to '" + dir + "'";
+  manifest m = describe_engine(eng);
+
+  // 1. rank 0 prepares; everyone learns the name or the error
+  std::string name;
+  agree(eng, what, [&] {
+    if (rank != 0) return;
+    make_directories(dir);
+    remove_stale_temporaries(dir);
+    name = new_checkpoint_name(dir, m.run.step);
+    const std::string tmp = dir + "/." + name + ".tmp";
+    make_directories(tmp);
+    make_directories(dir + "/." + name + ".markers.tmp");
+    if (::access(tmp.c_str(), W_OK) != 0) throw_io("cannot write into", tmp, errno, "choose a writable directory");
+  });
+  name = exchange_messages(eng, name)[0];
+  const std::string tmp = dir + "/." + name + ".tmp", final_path = dir + "/" + name;
+  // Markers live apart from the data: the checkpoint directory is renamed while slower ranks
+  // may still be reading them; rank 0 removes them once every rank is past the last collective.
+  const std::string markers = dir + "/." + name + ".markers.tmp";
+
+  // 2. every rank writes its file; 3. meet through markers
+  {
+    bool ok = true;
+    std::string text;
+    const std::string path = tmp + "/" + rank_file_name(rank);
+    try {
+      host_staging chunk(eng.backend(), o.chunk_bytes);
+      const written_file wf = write_rank_file(eng, m, rank, path, chunk, o.hook);
+      text = std::to_string(wf.bytes) + " " + std::to_string(wf.crc);
+    } catch (const error& e) {
+      ok = false;
+      text = encode_error(e);
+    } catch (const std::exception& e) {
+      ok = false;
+      text = encode_error(error(error_kind::io, e.what()));
+    }
+    if (!ok) {
+      std::error_code ec;
+      std::filesystem::remove(path, ec);  // free the space a full disk needs for the marker
+    }
+    try {
+      post_outcome(markers, rank, ok, text);
+    } catch (...) {
+      // the others time out naming this rank
+    }
+  }
+  const auto outcomes = await_outcomes(markers, world, o.io_timeout, what);
+  for (int q = 0; q < world; ++q)
+    if (!outcomes[static_cast<std::size_t>(q)].ok) throw decode_error(outcomes[static_cast<std::size_t>(q)].text, q, what);
+
+  // 4. rank 0 commits
+  agree(eng, what, [&] {
+    if (rank != 0) return;
+    for (int q = 0; q < world; ++q) {
+      const std::string& t = outcomes[static_cast<std::size_t>(q)].text;
+      const auto space = t.find(' ');
+      m.files.push_back({rank_file_name(q), std::stoull(t.substr(0, space)),
+                         static_cast<std::uint32_t>(std::stoul(t.substr(space + 1)))});
+    }
+    m.user_state = manifest_file{user_state_file, o.user_state.size(), crc32c_of(o.user_state.data(), o.user_state.size())};
+    write_small_file(tmp + "/" + user_state_file, o.user_state, o.hook);
+    write_small_file(tmp + "/" + manifest_file_name, m.to_json(), o.hook);
+    sync_directory(tmp);
+    rename_path(tmp, final_path);
+    sync_directory(dir);
+    set_latest(dir, name);
+    rotate_checkpoints(dir, o.keep_last, name);
+  });
+  std::error_code ec;
+  if (rank == 0) std::filesystem::remove_all(markers, ec);
+  return {final_path, m.run.step, std::filesystem::file_size(final_path + "/" + rank_file_name(rank), ec)};
+}
+
+}  // namespace zshard::checkpoint
