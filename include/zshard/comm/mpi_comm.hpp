@@ -44,6 +44,10 @@ namespace zshard {
 struct mpi_options {
   std::chrono::milliseconds timeout = default_comm_timeout;  // per collective, and for construction
   bool check_arguments = true;  // all-gather each collective's arguments first (see above)
+  // How long a wait polls MPI without yielding the core. MPI moves a large message one
+  // fragment per poll, so a yield (a whole time slice on a loaded machine) per poll slows it;
+  // but with more processes than cores a spinning waiter takes the core its peer needs.
+  std::chrono::microseconds spin{1000};
 };
 
 namespace mpi_detail {
@@ -64,11 +68,10 @@ struct header {
 constexpr int done_tag = 0x25a1;  // control channel: "I finished after N collectives"
 // MPI progresses a transfer only inside MPI calls (MPI_Test here), one fragment at a time: a
 // sleeping poller throttles a large collective to a fragment per sleep (measured: 4 MiB
-// all_gather 50x slower with 20 us sleeps). So yield, as MPI_Wait does, and sleep only once a
-// wait has lasted long enough to be a lagging peer rather than a transfer.
-inline void back_off(std::chrono::steady_clock::duration waited) {
-  if (waited < std::chrono::milliseconds(20))
-    return;  // spin: a yield on a loaded machine costs a whole time slice per fragment
+// all_gather 50x slower with 20 us sleeps). So spin (mpi_options::spin), then yield, as
+// MPI_Wait does, and sleep only once a wait has lasted long enough to be a lagging peer.
+inline void back_off(std::chrono::steady_clock::duration waited, std::chrono::microseconds spin) {
+  if (waited < spin) return;
   if (waited < std::chrono::seconds(2))
     std::this_thread::yield();
   else
@@ -256,7 +259,7 @@ class mpi_comm {
                  " ms waiting for rank(s) " + (missing.empty() ? std::string("(sends pending)") : missing) +
                  " to finish",
              "a rank that is still training, or hangs, keeps the others from ending");
-      mpi_detail::back_off(std::chrono::steady_clock::now() - start);
+      mpi_detail::back_off(std::chrono::steady_clock::now() - start, opts_.spin);
     }
   }
 
@@ -359,7 +362,7 @@ class mpi_comm {
              "every rank must call the same collectives in the same order; a rank that skipped one, hangs or "
              "died stops the others. Raise mpi_options::timeout only if ranks are legitimately slow");
       }
-      mpi_detail::back_off(waited);
+      mpi_detail::back_off(waited, opts_.spin);
     }
   }
 
