@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: build the GPU tests and bench, run the tests (kernels against the host
 # reference, the CUDA backend, NCCL, and the engine's equivalence tests on cuda_backend +
-# nccl_comm), then the bench, which prints its tables and key figures. Within 8 minutes on
+# nccl_comm; NCCL bootstrapped over MPI, one process per GPU, when Open MPI is there), then the bench, which prints its tables and key figures. Within 8 minutes on
 # one H200 (about 1 minute of it building).
 #
 #   bash bench/gpu/run.sh [--quick]
@@ -83,9 +83,34 @@ timeout 60 "$out/03_gpu_engine" 10 2>&1 | tee "$out/example.log"
 rc_example=${PIPESTATUS[0]}
 say "example 03_gpu_engine rc=$rc_example"
 
+# ---- NCCL over MPI: one process per GPU (comm/nccl_mpi.hpp) -----------------------------------
+nccl_mpi="not run (no mpicxx/mpirun: apt-get install libopenmpi-dev openmpi-bin)"
+rc_nccl_mpi=0
+if command -v mpicxx >/dev/null && command -v mpirun >/dev/null; then
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  mpi_flags=()
+  if mpirun --version 2>/dev/null | grep -q "Open MPI"; then
+    mpi_flags+=(--oversubscribe)
+    [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
+  fi
+  if mpicxx -std=c++20 -O2 -Iinclude "-I$cuda/include" "-I$nccl_inc" tests/gpu/test_nccl_mpi.cpp \
+       -o "$out/test_nccl_mpi" "-L$cuda/lib64" -lcudart "$nccl_lib" "-Wl,-rpath,$(dirname "$nccl_lib")" \
+       >"$out/build_test_nccl_mpi.log" 2>&1; then
+    timeout 120 mpirun -n "$((ngpu > 0 ? ngpu : 1))" "${mpi_flags[@]}" "$out/test_nccl_mpi" 2>&1 |
+      tee "$out/test_nccl_mpi.log"
+    rc_nccl_mpi=${PIPESTATUS[0]}
+    nccl_mpi="rc=$rc_nccl_mpi with $((ngpu > 0 ? ngpu : 1)) process(es)"
+  else
+    cat "$out/build_test_nccl_mpi.log"
+    nccl_mpi="build failed"
+    rc_nccl_mpi=3
+  fi
+fi
+say "NCCL over MPI (test_nccl_mpi): $nccl_mpi"
+
 # ---- bench ------------------------------------------------------------------------------------
 timeout 360 "$out/bench_gpu" $quick 2>&1 | tee "$out/bench_gpu.log"
 rc_bench=${PIPESTATUS[0]}
 say "bench rc=$rc_bench; total $((SECONDS - t0)) s"
 [[ -n ${RESULTS_DIR:-} ]] && mkdir -p "$RESULTS_DIR" && cp "$out"/*.log "$RESULTS_DIR"/ 2>/dev/null
-[[ $tests == test_cuda\ rc=0,\ test_cuda_hang\ rc=0* && $rc_example == 0 && $rc_bench == 0 ]]
+[[ $tests == test_cuda\ rc=0,\ test_cuda_hang\ rc=0* && $rc_example == 0 && $rc_bench == 0 && $rc_nccl_mpi == 0 ]]
