@@ -22,13 +22,17 @@
 //   on every rank, before any data moves. Costs one small extra round trip per collective.
 // - A rank that ends its run (finish(), called by run_mpi) tells its peers how many collectives
 //   it took part in; a peer waiting in a later collective fails at once, naming it.
+// - A rank that times out asks its peers which collective they are in: the message names the
+//   ranks that do not answer (hung, busy, dead), those in another collective, those waiting too.
 // - A failure throws error_kind::comm naming the collective, its number and the ranks; the
 //   communicator is then unusable (an MPI request may still reference the caller's buffers),
 //   and the process must end: run_mpi() calls MPI_Abort, which ends every process of the job.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -65,7 +69,10 @@ struct header {
   std::int32_t root;
   std::uint8_t kind, type, op, pad;
 };
-constexpr int done_tag = 0x25a1;  // control channel: "I finished after N collectives"
+constexpr int done_tag = 0x25a1;    // control channel: "I finished after N collectives"
+constexpr int probe_tag = 0x25a2;   // "which collective are you in?" (sent on a timeout)
+constexpr int answer_tag = 0x25a3;  // its answer: the collective's number, or finishing
+constexpr std::uint64_t finishing = ~std::uint64_t{0};
 // MPI progresses a transfer only inside MPI calls (MPI_Test here), one fragment at a time: a
 // sleeping poller throttles a large collective to a fragment per sleep (measured: 4 MiB
 // all_gather 50x slower with 20 us sleeps). So spin (mpi_options::spin), then yield, as
@@ -353,12 +360,8 @@ class mpi_comm {
       if (ctrl_ != MPI_COMM_NULL && spins % 64 == 0) poll_notices(slot_.seq);
       const auto waited = std::chrono::steady_clock::now() - start;
       if (waited > opts_.timeout) {
-        std::string others;
-        for (int q = 0; q < size_; ++q)
-          if (q != rank_) others += (others.empty() ? "" : ", ") + std::to_string(q);
         fail(current_ + " on rank " + std::to_string(rank_) + " timed out after " +
-                 std::to_string(opts_.timeout.count()) + " ms waiting for rank(s) " + others +
-                 " (one or more of them did not join it)",
+                 std::to_string(opts_.timeout.count()) + " ms: " + where_are_peers(),
              "every rank must call the same collectives in the same order; a rank that skipped one, hangs or "
              "died stops the others. Raise mpi_options::timeout only if ranks are legitimately slow");
       }
@@ -369,6 +372,7 @@ class mpi_comm {
   // Receives peers' "finished after N collectives" notices; one that finished before the
   // collective this rank waits in (number waiting_seq) will never join it.
   void poll_notices(std::uint64_t waiting_seq) {
+    answer_probes();
     for (;;) {
       int flag = 0;
       MPI_Status st;
@@ -386,6 +390,72 @@ class mpi_comm {
                  " returned (ended its run) after " + std::to_string(d) + " collectives without joining this one",
              "every rank must call the same collectives; a rank that returns early stops the others");
     }
+  }
+
+  // Tells a peer that timed out which collective this rank waits in (or that it is finishing).
+  void answer_probes() {
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      check(MPI_Iprobe(MPI_ANY_SOURCE, mpi_detail::probe_tag, ctrl_, &flag, &st));
+      if (!flag) return;
+      std::uint64_t ignored = 0;
+      check(MPI_Recv(&ignored, 1, MPI_UINT64_T, st.MPI_SOURCE, mpi_detail::probe_tag, ctrl_, MPI_STATUS_IGNORE));
+      answers_.push_back(finished_ ? mpi_detail::finishing : slot_.seq);  // a deque: the buffer stays put
+      MPI_Request rq = MPI_REQUEST_NULL;
+      check(MPI_Isend(&answers_.back(), 1, MPI_UINT64_T, st.MPI_SOURCE, mpi_detail::answer_tag, ctrl_, &rq));
+      MPI_Request_free(&rq);
+    }
+  }
+
+  // On a timeout: asks every peer where it is and names them. A rank waiting in any zshard
+  // collective answers at once; one that does not answer within a second is outside them.
+  std::string where_are_peers() {
+    if (ctrl_ == MPI_COMM_NULL) return "the other ranks did not join it";
+    probe_ = slot_.seq;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      MPI_Request rq = MPI_REQUEST_NULL;
+      check(MPI_Isend(&probe_, 1, MPI_UINT64_T, q, mpi_detail::probe_tag, ctrl_, &rq));
+      MPI_Request_free(&rq);
+    }
+    std::vector<std::uint64_t> at(static_cast<std::size_t>(size_), 0);
+    std::vector<bool> answered(static_cast<std::size_t>(size_), false);
+    answered[static_cast<std::size_t>(rank_)] = true;
+    const auto deadline = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(
+                                                                  opts_.timeout, std::chrono::milliseconds(1000));
+    while (std::find(answered.begin(), answered.end(), false) != answered.end() &&
+           std::chrono::steady_clock::now() < deadline) {
+      int flag = 0;
+      MPI_Status st;
+      check(MPI_Iprobe(MPI_ANY_SOURCE, mpi_detail::answer_tag, ctrl_, &flag, &st));
+      if (flag) {
+        const auto src = static_cast<std::size_t>(st.MPI_SOURCE);
+        check(MPI_Recv(&at[src], 1, MPI_UINT64_T, st.MPI_SOURCE, mpi_detail::answer_tag, ctrl_, MPI_STATUS_IGNORE));
+        answered[src] = true;
+      }
+      answer_probes();
+      std::this_thread::yield();
+    }
+    std::string silent, same, elsewhere;
+    auto add = [](std::string& list, const std::string& item) { list += (list.empty() ? "" : ", ") + item; };
+    for (int q = 0; q < size_; ++q) {
+      const auto uq = static_cast<std::size_t>(q);
+      if (q == rank_) continue;
+      if (!answered[uq])
+        add(silent, std::to_string(q));
+      else if (at[uq] == slot_.seq)
+        add(same, std::to_string(q));
+      else
+        add(elsewhere, "rank " + std::to_string(q) +
+                           (at[uq] == mpi_detail::finishing ? std::string(" is ending its run")
+                                                            : " waits in collective #" + std::to_string(at[uq])));
+    }
+    std::string out;
+    if (!silent.empty()) out = "rank(s) " + silent + " did not answer (not in a zshard collective: busy, hung or dead)";
+    if (!elsewhere.empty()) out += (out.empty() ? "" : "; ") + elsewhere;
+    if (!same.empty()) out += (out.empty() ? "" : "; ") + std::string("rank(s) ") + same + " wait in it too";
+    return out;
   }
 
   [[noreturn]] void fail(const std::string& msg, const std::string& hint) {
@@ -408,6 +478,7 @@ class mpi_comm {
     peer_done_ = std::move(o.peer_done_);
     staging_ = std::move(o.staging_);
     headers_ = std::move(o.headers_);
+    answers_ = std::move(o.answers_);
   }
   // A failed communicator may have a request in flight: it is left to the MPI_Abort that follows.
   void release() noexcept {
@@ -429,6 +500,8 @@ class mpi_comm {
   std::vector<std::int64_t> peer_done_;  // collectives each peer called before finishing, -1: running
   std::vector<std::byte> staging_;
   std::vector<mpi_detail::header> headers_;
+  std::uint64_t probe_ = 0;           // what a timed-out rank sends its peers
+  std::deque<std::uint64_t> answers_;  // answers in flight (MPI_Isend buffers)
 };
 
 static_assert(check_communicator<mpi_comm>());
