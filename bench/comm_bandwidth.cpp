@@ -182,9 +182,11 @@ std::vector<row> mpi_rows(int ranks, bool quick, const std::vector<row>& thread_
 void print_row(const row& r) {
   const double s = static_cast<double>(r.bytes);
   std::printf("%8zu %-6s %5d %-15s %10.3f %12.2f %12.2f %12.2f %7.2f\n", r.bytes / mib,
-              r.comm == comm_kind::thread ? "thread" : r.comm == comm_kind::mpi ? "mpi" : "mpiraw", r.ranks,
-              r.op == op_kind::all_gather ? "all_gather" : "reduce_scatter", r.seconds * 1e3, s / r.seconds / 1e9,
-              r.ranks * s / r.seconds / 1e9, s / r.memcpy_seconds / 1e9, r.ratio());
+              r.comm == comm_kind::thread ? "thread"
+              : r.comm == comm_kind::mpi  ? "mpi"
+                                          : "mpiraw",
+              r.ranks, r.op == op_kind::all_gather ? "all_gather" : "reduce_scatter", r.seconds * 1e3,
+              s / r.seconds / 1e9, r.ranks * s / r.seconds / 1e9, s / r.memcpy_seconds / 1e9, r.ratio());
   std::fflush(stdout);
 }
 
@@ -216,8 +218,8 @@ int main(int argc, char** argv) {
   std::printf(
       "S = full buffer per rank; algbw = S/t; moved = ranks*S/t; memcpy = S/t_memcpy (1 thread); "
       "ratio = moved/memcpy; GB = 1e9 B\n\n");
-  std::printf("%8s %-6s %5s %-15s %10s %12s %12s %12s %7s\n", "S_MiB", "comm", "ranks", "op", "time_ms",
-              "algbw_GB/s", "moved_GB/s", "memcpy_GB/s", "ratio");
+  std::printf("%8s %-6s %5s %-15s %10s %12s %12s %12s %7s\n", "S_MiB", "comm", "ranks", "op", "time_ms", "algbw_GB/s",
+              "moved_GB/s", "memcpy_GB/s", "ratio");
 
   std::vector<row> rows;
   for (std::size_t bytes : sizes) {
@@ -254,7 +256,8 @@ int main(int argc, char** argv) {
     for (const row& r : rows)
       if (r.comm == comm_kind::mpi && r.op == op)
         for (const row& t : rows)
-          if (t.comm == base && t.op == op && t.ranks == r.ranks && t.bytes == r.bytes) v.push_back(t.seconds / r.seconds);
+          if (t.comm == base && t.op == op && t.ranks == r.ranks && t.bytes == r.bytes)
+            v.push_back(t.seconds / r.seconds);
     return median(v);
   };
   std::vector<double> memcpy_rates;

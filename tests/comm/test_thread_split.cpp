@@ -120,8 +120,10 @@ TEST_CASE("split errors: a negative color, and a rank that does not call split")
   CHECK_THROWS_AS(run_ranks(
                       2,
                       [](thread_comm& c) {
-                        if (c.rank() == 0) (void)c.split(0, 0);
-                        else c.barrier();
+                        if (c.rank() == 0)
+                          (void)c.split(0, 0);
+                        else
+                          c.barrier();
                       },
                       std::chrono::milliseconds(2000)),
                   error);

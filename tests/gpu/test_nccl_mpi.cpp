@@ -45,7 +45,8 @@ void check_group(zshard::nccl_comm& nccl, zshard::mpi_comm& host, std::size_t n,
   host.all_reduce(mine.data(), want.data(), n, zshard::dtype::f32, zshard::reduce_op::sum);
   const auto got = on_host(d_out, n);
   bool close = true;
-  for (std::size_t i = 0; i < n; ++i) close = close && std::fabs(got[i] - want[i]) <= 1e-5f * (1 + std::fabs(want[i])) * w;
+  for (std::size_t i = 0; i < n; ++i)
+    close = close && std::fabs(got[i] - want[i]) <= 1e-5f * (1 + std::fabs(want[i])) * w;
   expect(close, what + ": all_reduce vs mpi_comm", r);
   nccl.all_gather(d_in, d_out, n, zshard::dtype::f32);
   std::vector<float> gathered(n * w);
@@ -74,7 +75,8 @@ int main(int argc, char** argv) {
     check_group(nsub, hsub, 777, "split by parity");
     float all_failures = float(failures);
     host.all_reduce(&all_failures, &all_failures, 1, zshard::dtype::f32, zshard::reduce_op::max);
-    if (host.rank() == 0) std::printf("test_nccl_mpi: %d process(es), %s\n", host.size(), all_failures > 0 ? "FAILED" : "passed");
+    if (host.rank() == 0)
+      std::printf("test_nccl_mpi: %d process(es), %s\n", host.size(), all_failures > 0 ? "FAILED" : "passed");
     if (all_failures > 0) throw std::runtime_error("test_nccl_mpi failed (see the FAILED lines above)");
   });
 }

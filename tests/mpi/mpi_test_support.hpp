@@ -32,8 +32,7 @@ inline bytes input(dtype t, std::size_t n, std::uint32_t seed, int q) {
 
 // The contract, written serially: elements [begin, begin + n) of every source, f32 in rank
 // order, one division for average, one rounding to t.
-inline bytes reference_reduce(const std::vector<bytes>& srcs, std::size_t begin, std::size_t n, dtype t,
-                              reduce_op op) {
+inline bytes reference_reduce(const std::vector<bytes>& srcs, std::size_t begin, std::size_t n, dtype t, reduce_op op) {
   bytes out(n * size_of(t));
   for (std::size_t i = 0; i < n; ++i) {
     float acc = load_as_float(srcs[0].data(), t, begin + i);
@@ -47,8 +46,6 @@ inline bytes reference_reduce(const std::vector<bytes>& srcs, std::size_t begin,
   return out;
 }
 
-inline bool same_bytes(const std::byte* a, const std::byte* b, std::size_t n) {
-  return std::equal(a, a + n, b);
-}
+inline bool same_bytes(const std::byte* a, const std::byte* b, std::size_t n) { return std::equal(a, a + n, b); }
 
 }  // namespace mpi_test

@@ -62,8 +62,9 @@ TEST_CASE("ranks that disagree on a collective's arguments fail on every rank, n
     CHECK(comm_error([&] {
             c2.all_reduce(a.data(), a.data(), 4, r == 1 ? dtype::bf16 : dtype::f32, reduce_op::sum);
           }).find("rank 1 called all_reduce(count=4, bf16, sum)") != std::string::npos);
-    CHECK(comm_error([&] { c3.broadcast(a.data(), 4, dtype::f32, r == 1 ? 1 : 0); })
-              .find("rank 1 called broadcast(count=4, f32, root=1)") != std::string::npos);
+    CHECK(comm_error([&] {
+            c3.broadcast(a.data(), 4, dtype::f32, r == 1 ? 1 : 0);
+          }).find("rank 1 called broadcast(count=4, f32, root=1)") != std::string::npos);
   }
   probe.barrier();
 }

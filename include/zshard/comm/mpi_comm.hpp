@@ -47,7 +47,7 @@ namespace zshard {
 
 struct mpi_options {
   std::chrono::milliseconds timeout = default_comm_timeout;  // per collective, and for construction
-  bool check_arguments = true;  // all-gather each collective's arguments first (see above)
+  bool check_arguments = true;                               // all-gather each collective's arguments first (see above)
   // How long a wait polls MPI without yielding the core. MPI moves a large message one
   // fragment per poll, so a yield (a whole time slice on a loaded machine) per poll slows it;
   // but with more processes than cores a spinning waiter takes the core its peer needs.
@@ -254,7 +254,8 @@ class mpi_comm {
       for (int q = 0; q < size_; ++q) {
         const std::int64_t d = peer_done_[static_cast<std::size_t>(q)];
         if (q == rank_) continue;
-        if (d < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        if (d < 0)
+          missing += (missing.empty() ? "" : ", ") + std::to_string(q);
         else if (static_cast<std::uint64_t>(d) != mine)
           fail("finish on rank " + std::to_string(rank_) + ": rank " + std::to_string(q) + " returned after " +
                    std::to_string(d) + " collectives, this rank after " + std::to_string(mine),
@@ -280,10 +281,10 @@ class mpi_comm {
 
   void check_usable(const char* what) const {
     if (!failed_.empty())
-      throw error(error_kind::comm,
-                  std::string(what) + " on rank " + std::to_string(rank_) + ": the communicator failed earlier: " +
-                      failed_,
-                  "the first failure is the root cause; end the job (run_mpi calls MPI_Abort) and fix that one");
+      throw error(
+          error_kind::comm,
+          std::string(what) + " on rank " + std::to_string(rank_) + ": the communicator failed earlier: " + failed_,
+          "the first failure is the root cause; end the job (run_mpi calls MPI_Abort) and fix that one");
   }
   void check_pointers(const char* what, const void* src, const void* dst, std::size_t count) const {
     check_usable(what);
@@ -299,21 +300,32 @@ class mpi_comm {
     slot_ = detail::comm_slot{kind, seq_++, nullptr, nullptr, count, t, op, root};
     current_ = detail::describe(slot_);
     if (opts_.check_arguments) {
-      const mpi_detail::header h{slot_.seq, count, root, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(t),
-                                 static_cast<std::uint8_t>(op), 0};
+      const mpi_detail::header h{slot_.seq,
+                                 count,
+                                 root,
+                                 static_cast<std::uint8_t>(kind),
+                                 static_cast<std::uint8_t>(t),
+                                 static_cast<std::uint8_t>(op),
+                                 0};
       headers_.resize(static_cast<std::size_t>(size_));
       run(MPI_Iallgather(&h, sizeof h, MPI_BYTE, headers_.data(), sizeof h, MPI_BYTE, data_, &req_));
       std::string diff;
       for (int q = 0; q < size_; ++q) {
         const auto& o = headers_[static_cast<std::size_t>(q)];
-        const detail::comm_slot s{static_cast<detail::collective>(o.kind), o.seq, nullptr, nullptr,
-                                  o.count, static_cast<dtype>(o.type), static_cast<reduce_op>(o.op), o.root};
+        const detail::comm_slot s{static_cast<detail::collective>(o.kind),
+                                  o.seq,
+                                  nullptr,
+                                  nullptr,
+                                  o.count,
+                                  static_cast<dtype>(o.type),
+                                  static_cast<reduce_op>(o.op),
+                                  o.root};
         if (q == 0 || std::memcmp(&o, &headers_[0], sizeof o) != 0)
           diff += (q == 0 ? "rank 0 called " : ", rank " + std::to_string(q) + " called ") + detail::describe(s);
       }
       if (diff.find(", rank ") != std::string::npos)
-        fail(std::string(detail::to_string(kind)) + " on rank " + std::to_string(rank_) + ": collective mismatch: " +
-                 diff,
+        fail(std::string(detail::to_string(kind)) + " on rank " + std::to_string(rank_) +
+                 ": collective mismatch: " + diff,
              "every rank must call the same collectives in the same order with the same count, dtype, op and root");
     } else if (count == 0 || kind == detail::collective::barrier) {
       run(MPI_Ibarrier(data_, &req_));
@@ -422,8 +434,8 @@ class mpi_comm {
     std::vector<std::uint64_t> at(static_cast<std::size_t>(size_), 0);
     std::vector<bool> answered(static_cast<std::size_t>(size_), false);
     answered[static_cast<std::size_t>(rank_)] = true;
-    const auto deadline = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(
-                                                                  opts_.timeout, std::chrono::milliseconds(1000));
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::min<std::chrono::milliseconds>(opts_.timeout, std::chrono::milliseconds(1000));
     while (std::find(answered.begin(), answered.end(), false) != answered.end() &&
            std::chrono::steady_clock::now() < deadline) {
       int flag = 0;
@@ -500,7 +512,7 @@ class mpi_comm {
   std::vector<std::int64_t> peer_done_;  // collectives each peer called before finishing, -1: running
   std::vector<std::byte> staging_;
   std::vector<mpi_detail::header> headers_;
-  std::uint64_t probe_ = 0;           // what a timed-out rank sends its peers
+  std::uint64_t probe_ = 0;            // what a timed-out rank sends its peers
   std::deque<std::uint64_t> answers_;  // answers in flight (MPI_Isend buffers)
 };
 

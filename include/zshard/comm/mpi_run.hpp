@@ -42,8 +42,7 @@ class mpi_session {
     if (provided < MPI_THREAD_SERIALIZED) {
       MPI_Finalize();
       throw error(error_kind::comm,
-                  "the MPI library provides thread level " + std::to_string(provided) +
-                      ", below MPI_THREAD_SERIALIZED",
+                  "the MPI library provides thread level " + std::to_string(provided) + ", below MPI_THREAD_SERIALIZED",
                   "use an MPI built with thread support (Open MPI and MPICH are by default)");
     }
   }

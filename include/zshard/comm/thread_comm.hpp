@@ -412,13 +412,14 @@ class thread_comm {
   thread_comm split(int color, int key) {
     const std::int32_t mine[2] = {color, key};
     std::vector<std::int32_t> all(2 * static_cast<std::size_t>(size()));
-    all_gather(mine, all.data(), 2, dtype::f32);  // two int32 as two f32 words: a copy
+    all_gather(mine, all.data(), 2, dtype::f32);        // two int32 as two f32 words: a copy
     std::vector<std::pair<std::int32_t, int>> members;  // (key, rank) of this rank's group
     for (int q = 0; q < size(); ++q) {
       const std::int32_t c = all[2 * static_cast<std::size_t>(q)];
-      ZSHARD_REQUIRE(c >= 0, error_kind::usage,
-                     "split: rank " + std::to_string(q) + " passed color " + std::to_string(c) + "; colors must be >= 0",
-                     "give every rank a group (color); a rank that wants no group can use a group of its own");
+      ZSHARD_REQUIRE(
+          c >= 0, error_kind::usage,
+          "split: rank " + std::to_string(q) + " passed color " + std::to_string(c) + "; colors must be >= 0",
+          "give every rank a group (color); a rank that wants no group can use a group of its own");
       if (c == color) members.emplace_back(all[2 * static_cast<std::size_t>(q) + 1], q);
     }
     std::sort(members.begin(), members.end());
