@@ -265,9 +265,9 @@ class nccl_comm {
   // never calls it makes the others time out). A collective: every rank calls it.
   nccl_comm split(int color, int key) {
     check_usable("split");
-    require(group_depth_ == 0, error_kind::usage, "split() inside a group_start()/group_end() pair");
-    require(color >= 0, error_kind::usage, "split: color " + std::to_string(color) + " must be >= 0",
-            "give every rank a group (color); a rank that wants no group can use a group of its own");
+    ZSHARD_REQUIRE(group_depth_ == 0, error_kind::usage, "split() inside a group_start()/group_end() pair");
+    ZSHARD_REQUIRE(color >= 0, error_kind::usage, "split: color " + std::to_string(color) + " must be >= 0",
+                   "give every rank a group (color); a rank that wants no group can use a group of its own");
     nccl_comm out(adopt{}, 0, 1, device_, opts_);
     ncclConfig_t config = nccl_detail::nonblocking_config();
     const std::string what = "ncclCommSplit(color=" + std::to_string(color) + ", key=" + std::to_string(key) + ")";
