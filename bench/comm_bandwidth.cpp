@@ -1,6 +1,7 @@
-// comm_bandwidth: how fast does the thread communicator move a ZeRO-3 parameter (all_gather)
-// and a gradient (reduce_scatter, average, f32), next to a plain memcpy of the same size
-// measured in the same run?
+// comm_bandwidth: how fast do the thread and MPI communicators move a ZeRO-3 parameter
+// (all_gather) and a gradient (reduce_scatter, average, f32), next to a plain memcpy of the
+// same size measured in the same run? The MPI rows come from this program re-launched under
+// mpiexec with 2 and 4 processes (--mpi-worker), one table for all.
 //
 // Definitions (GB = 1e9 bytes; times are the best of several repeats after a warm-up):
 //   S        bytes of the full buffer on one rank: all_gather's output, reduce_scatter's input
@@ -10,19 +11,29 @@
 //                                      every rank's input)
 //   memcpy   S / t_memcpy              one thread copying S bytes
 //   ratio    moved / memcpy            > 1: the ranks together beat one copying thread
-// Key figure allgather_vs_memcpy = median over all all_gather rows of ratio.
+// Key figures: allgather_vs_memcpy = median over the thread all_gather rows of ratio (and
+// the same for reduce_scatter, and for the MPI rows); mpi_vs_thread_allgather = median over
+// sizes and rank counts of t_thread / t_mpi (> 1: MPI faster); mpi_vs_raw_mpi_* = the same
+// against the MPI library's own blocking collective (mpiraw rows: zshard's overhead, < 1 costs).
 //
-// Usage: comm_bandwidth [--quick]
+// Usage: comm_bandwidth [--quick]      (--mpi-worker: internal, the MPI half under mpiexec)
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "zshard/comm/thread_comm.hpp"
+#ifdef ZSHARD_BENCH_MPI
+#include "zshard/comm/mpi_run.hpp"
+#endif
 
 namespace {
 
@@ -75,14 +86,109 @@ double best_collective_seconds(op_kind op, int ranks, std::size_t bytes, int rep
   return best;
 }
 
+enum class comm_kind { thread, mpi, mpi_raw };  // mpi_raw: the MPI library's own collective
+
 struct row {
   std::size_t bytes;
   int ranks;
   op_kind op;
   double seconds;
   double memcpy_seconds;
+  comm_kind comm = comm_kind::thread;
   double ratio() const { return ranks * memcpy_seconds / seconds; }
 };
+
+std::vector<std::size_t> sizes_for(bool quick) {
+  std::vector<std::size_t> sizes;
+  for (std::size_t s = mib; s <= (quick ? 16 : 256) * mib; s *= 4) sizes.push_back(s);
+  return sizes;
+}
+
+#ifdef ZSHARD_BENCH_MPI
+// Under mpiexec: the same measurement on MPI processes; rank 0 prints "row <bytes> <op> <s>".
+int mpi_worker(int argc, char** argv, bool quick) {
+  return zshard::run_mpi(argc, argv, [&](zshard::mpi_comm& c) {
+    const int ranks = c.size();
+    for (std::size_t bytes : sizes_for(quick)) {
+      const int reps = repeats_for(bytes, quick);
+      const std::size_t count = bytes / sizeof(float) / static_cast<std::size_t>(ranks);
+      std::vector<float> full(count * static_cast<std::size_t>(ranks), 1.0f + static_cast<float>(c.rank()));
+      std::vector<float> shard(count, 0.5f);
+      for (op_kind op : {op_kind::all_gather, op_kind::reduce_scatter}) {
+        double best = std::numeric_limits<double>::infinity();
+        for (int it = -1; it < reps; ++it) {
+          c.barrier();
+          const auto t0 = clock_type::now();
+          if (op == op_kind::all_gather)
+            c.all_gather(shard.data(), full.data(), count, zshard::dtype::f32);
+          else
+            c.reduce_scatter(full.data(), shard.data(), count, zshard::dtype::f32, zshard::reduce_op::average);
+          c.barrier();  // rank 0's clock stops once every rank is done
+          if (it >= 0) best = std::min(best, seconds_since(t0));
+        }
+        if (c.rank() == 0) std::printf("row %zu %d %.9f\n", bytes, op == op_kind::all_gather ? 0 : 1, best);
+        // Baseline: the MPI library's own blocking collective on the same buffers, no zshard
+        // (MPI_Reduce_scatter_block reduces in MPI's order: not what zshard guarantees).
+        best = std::numeric_limits<double>::infinity();
+        for (int it = -1; it < reps; ++it) {
+          MPI_Barrier(c.handle());
+          const auto t0 = clock_type::now();
+          const int n = static_cast<int>(count);
+          if (op == op_kind::all_gather)
+            MPI_Allgather(shard.data(), n, MPI_FLOAT, full.data(), n, MPI_FLOAT, c.handle());
+          else
+            MPI_Reduce_scatter_block(full.data(), shard.data(), n, MPI_FLOAT, MPI_SUM, c.handle());
+          MPI_Barrier(c.handle());
+          if (it >= 0) best = std::min(best, seconds_since(t0));
+        }
+        if (c.rank() == 0) std::printf("row %zu %d %.9f\n", bytes, op == op_kind::all_gather ? 2 : 3, best);
+      }
+    }
+    std::fflush(stdout);
+  });
+}
+
+// Re-launches this program under mpiexec with `ranks` processes and reads its rows.
+std::vector<row> mpi_rows(int ranks, bool quick, const std::vector<row>& thread_rows) {
+  char self[4096] = {};
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return {};
+  if (geteuid() == 0) {  // Open MPI refuses root unless told (containers); harmless elsewhere
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  }
+  const std::string cmd = std::string(ZSHARD_BENCH_MPIEXEC) + " -n " + std::to_string(ranks) + " " +
+                          ZSHARD_BENCH_MPIEXEC_FLAGS + " " + self + " --mpi-worker" + (quick ? " --quick" : "");
+  std::vector<row> rows;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return rows;
+  char line[256];
+  while (std::fgets(line, sizeof line, p)) {
+    std::size_t bytes = 0;
+    int op = 0;
+    double secs = 0;
+    if (std::sscanf(line, "row %zu %d %lf", &bytes, &op, &secs) != 3) continue;
+    double t_memcpy = 0;  // the memcpy time measured for this size in the thread half
+    for (const row& r : thread_rows)
+      if (r.bytes == bytes) t_memcpy = r.memcpy_seconds;
+    rows.push_back({bytes, ranks, op % 2 == 0 ? op_kind::all_gather : op_kind::reduce_scatter, secs, t_memcpy,
+                    op < 2 ? comm_kind::mpi : comm_kind::mpi_raw});
+  }
+  if (pclose(p) != 0) std::fprintf(stderr, "comm_bandwidth: '%s' failed\n", cmd.c_str());
+  return rows;
+}
+#endif
+
+void print_row(const row& r) {
+  const double s = static_cast<double>(r.bytes);
+  std::printf("%8zu %-6s %5d %-15s %10.3f %12.2f %12.2f %12.2f %7.2f\n", r.bytes / mib,
+              r.comm == comm_kind::thread ? "thread"
+              : r.comm == comm_kind::mpi  ? "mpi"
+                                          : "mpiraw",
+              r.ranks, r.op == op_kind::all_gather ? "all_gather" : "reduce_scatter", r.seconds * 1e3,
+              s / r.seconds / 1e9, r.ranks * s / r.seconds / 1e9, s / r.memcpy_seconds / 1e9, r.ratio());
+  std::fflush(stdout);
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -94,18 +200,26 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string_view(argv[1]) == "--quick";
-  std::vector<std::size_t> sizes;
-  for (std::size_t s = mib; s <= (quick ? 16 : 256) * mib; s *= 4) sizes.push_back(s);
+  bool quick = false, worker = false;
+  for (int i = 1; i < argc; ++i) {
+    quick = quick || std::string_view(argv[i]) == "--quick";
+    worker = worker || std::string_view(argv[i]) == "--mpi-worker";
+  }
+#ifdef ZSHARD_BENCH_MPI
+  if (worker) return mpi_worker(argc, argv, quick);
+#else
+  if (worker) return 2;
+#endif
+  const std::vector<std::size_t> sizes = sizes_for(quick);
   const int rank_counts[] = {2, 4};
 
-  std::printf("thread communicator vs memcpy, f32, %u hardware threads%s\n", std::thread::hardware_concurrency(),
-              quick ? " (--quick)" : "");
+  std::printf("thread and MPI communicators vs memcpy, f32, %u hardware threads%s\n",
+              std::thread::hardware_concurrency(), quick ? " (--quick)" : "");
   std::printf(
       "S = full buffer per rank; algbw = S/t; moved = ranks*S/t; memcpy = S/t_memcpy (1 thread); "
       "ratio = moved/memcpy; GB = 1e9 B\n\n");
-  std::printf("%8s %5s %-15s %10s %12s %12s %12s %7s\n", "S_MiB", "ranks", "op", "time_ms", "algbw_GB/s", "moved_GB/s",
-              "memcpy_GB/s", "ratio");
+  std::printf("%8s %-6s %5s %-15s %10s %12s %12s %12s %7s\n", "S_MiB", "comm", "ranks", "op", "time_ms", "algbw_GB/s",
+              "moved_GB/s", "memcpy_GB/s", "ratio");
 
   std::vector<row> rows;
   for (std::size_t bytes : sizes) {
@@ -113,34 +227,59 @@ int main(int argc, char** argv) {
     const double t_memcpy = best_memcpy_seconds(bytes, reps);
     for (int ranks : rank_counts) {
       for (op_kind op : {op_kind::all_gather, op_kind::reduce_scatter}) {
-        const row r{bytes, ranks, op, best_collective_seconds(op, ranks, bytes, reps), t_memcpy};
-        rows.push_back(r);
-        const double s = static_cast<double>(bytes);
-        std::printf("%8zu %5d %-15s %10.3f %12.2f %12.2f %12.2f %7.2f\n", bytes / mib, ranks,
-                    op == op_kind::all_gather ? "all_gather" : "reduce_scatter", r.seconds * 1e3, s / r.seconds / 1e9,
-                    ranks * s / r.seconds / 1e9, s / t_memcpy / 1e9, r.ratio());
-        std::fflush(stdout);
+        rows.push_back({bytes, ranks, op, best_collective_seconds(op, ranks, bytes, reps), t_memcpy});
+        print_row(rows.back());
       }
     }
   }
+#ifdef ZSHARD_BENCH_MPI
+  const std::vector<row> thread_rows = rows;
+  for (int ranks : rank_counts)
+    for (const row& r : mpi_rows(ranks, quick, thread_rows)) {
+      rows.push_back(r);
+      print_row(r);
+    }
+#else
+  std::printf("(no MPI rows: built without MPI)\n");
+#endif
 
-  auto collect = [&](op_kind op, int ranks, bool ratio) {
+  auto collect = [&](comm_kind comm, op_kind op, int ranks, bool ratio) {
     std::vector<double> v;
     for (const row& r : rows)
-      if (r.op == op && (ranks == 0 || r.ranks == ranks))
+      if (r.comm == comm && r.op == op && (ranks == 0 || r.ranks == ranks))
         v.push_back(ratio ? r.ratio() : static_cast<double>(r.bytes) / r.seconds / 1e9);
     return median(v);
   };
+  // median over matching (size, ranks) rows of t_base / t_mpi
+  auto speedup = [&](comm_kind base, op_kind op) {
+    std::vector<double> v;
+    for (const row& r : rows)
+      if (r.comm == comm_kind::mpi && r.op == op)
+        for (const row& t : rows)
+          if (t.comm == base && t.op == op && t.ranks == r.ranks && t.bytes == r.bytes)
+            v.push_back(t.seconds / r.seconds);
+    return median(v);
+  };
   std::vector<double> memcpy_rates;
-  for (const row& r : rows) memcpy_rates.push_back(static_cast<double>(r.bytes) / r.memcpy_seconds / 1e9);
-
+  for (const row& r : rows)
+    if (r.comm == comm_kind::thread) memcpy_rates.push_back(static_cast<double>(r.bytes) / r.memcpy_seconds / 1e9);
+  const auto th = comm_kind::thread, mp = comm_kind::mpi;
   std::printf("\n");
   std::printf("memcpy_gbps: %.2f\n", median(memcpy_rates));
-  std::printf("allgather_algbw_gbps_2ranks: %.2f\n", collect(op_kind::all_gather, 2, false));
-  std::printf("allgather_algbw_gbps_4ranks: %.2f\n", collect(op_kind::all_gather, 4, false));
-  std::printf("reducescatter_algbw_gbps_2ranks: %.2f\n", collect(op_kind::reduce_scatter, 2, false));
-  std::printf("reducescatter_algbw_gbps_4ranks: %.2f\n", collect(op_kind::reduce_scatter, 4, false));
-  std::printf("reducescatter_vs_memcpy: %.2f\n", collect(op_kind::reduce_scatter, 0, true));
-  std::printf("allgather_vs_memcpy: %.2f\n", collect(op_kind::all_gather, 0, true));
+  std::printf("allgather_algbw_gbps_2ranks: %.2f\n", collect(th, op_kind::all_gather, 2, false));
+  std::printf("allgather_algbw_gbps_4ranks: %.2f\n", collect(th, op_kind::all_gather, 4, false));
+  std::printf("reducescatter_algbw_gbps_2ranks: %.2f\n", collect(th, op_kind::reduce_scatter, 2, false));
+  std::printf("reducescatter_algbw_gbps_4ranks: %.2f\n", collect(th, op_kind::reduce_scatter, 4, false));
+  std::printf("reducescatter_vs_memcpy: %.2f\n", collect(th, op_kind::reduce_scatter, 0, true));
+  std::printf("allgather_vs_memcpy: %.2f\n", collect(th, op_kind::all_gather, 0, true));
+#ifdef ZSHARD_BENCH_MPI
+  std::printf("mpi_vs_raw_mpi_allgather: %.2f\n", speedup(comm_kind::mpi_raw, op_kind::all_gather));
+  std::printf("mpi_vs_raw_mpi_reducescatter: %.2f\n", speedup(comm_kind::mpi_raw, op_kind::reduce_scatter));
+  std::printf("mpi_allgather_vs_memcpy: %.2f\n", collect(mp, op_kind::all_gather, 0, true));
+  std::printf("mpi_reducescatter_vs_memcpy: %.2f\n", collect(mp, op_kind::reduce_scatter, 0, true));
+  std::printf("mpi_vs_thread_allgather: %.2f\n", speedup(comm_kind::thread, op_kind::all_gather));
+#else
+  (void)mp;
+#endif
   return 0;
 }

@@ -1,15 +1,17 @@
 // 02_train_gpt: the main job. Trains a small GPT-style language model with zshard (ZeRO-3) on
-// N thread ranks of one process, host backend, on a synthetic language it generates (or a
-// text file you name). Every rank holds 1/N of every parameter, gradient and optimizer state;
+// N thread ranks of one process (default), or one MPI process per rank (--mpi, started by
+// mpirun: scripts/run_example.sh --mpi 4), host backend, on a synthetic language it generates
+// (or a text file you name). Both modes give the same losses bit for bit. Every rank holds 1/N of every parameter, gradient and optimizer state;
 // a module's full parameters exist only while its scope is open.
 //
 // Prints per step: loss (averaged over ranks), tokens/s, and the per-rank peak bytes by
 // memory-ledger category; at the end a per-rank peak table. Run with --help for options.
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <chrono>
 #include <cstdio>
 #include <exception>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,11 +22,16 @@
 #include "zshard/checkpoint/checkpoint.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
+#ifdef ZSHARD_EXAMPLE_MPI
+#include "zshard/comm/mpi_run.hpp"
+#endif
 
 namespace {
 
 struct options {
   int ranks = 4;
+  bool ranks_given = false;
+  bool mpi = false;          // one MPI process per rank; the world size is mpirun's -n
   int steps = 200;
   int micro_batches = 1;     // per rank, per step (gradient accumulation)
   int batch = 8;             // sequences per micro-batch per rank
@@ -52,6 +59,8 @@ void usage() {
   std::printf(
       "usage: 02_train_gpt [options]\n"
       "  --ranks N          thread ranks (default 4)\n"
+      "  --mpi              one MPI process per rank instead of threads: start with\n"
+      "                     mpirun -n N 02_train_gpt --mpi (or scripts/run_example.sh --mpi N)\n"
       "  --steps N          optimizer steps (default 200)\n"
       "  --micro N          micro-batches per step per rank, gradient accumulation (default 1)\n"
       "  --batch N          sequences per micro-batch per rank (default 8)\n"
@@ -95,7 +104,8 @@ options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") o.help = true;
-    else if (a == "--ranks") o.ranks = positive(a, value(i));
+    else if (a == "--ranks") o.ranks = positive(a, value(i)), o.ranks_given = true;
+    else if (a == "--mpi") o.mpi = true;
     else if (a == "--steps") o.steps = positive(a, value(i));
     else if (a == "--micro") o.micro_batches = positive(a, value(i));
     else if (a == "--batch") o.batch = positive(a, value(i));
@@ -122,6 +132,8 @@ options parse(int argc, char** argv) {
     else throw std::invalid_argument("unknown option '" + a + "' (try --help)");
   }
   if (o.ranks > 64) throw std::invalid_argument("--ranks: at most 64 thread ranks");
+  if (o.mpi && o.ranks_given)
+    throw std::invalid_argument("--ranks counts thread ranks; under --mpi the world size is mpirun's -n");
   if (!o.resume.empty() && !o.init_from.empty())
     throw std::invalid_argument("--resume and --init-from exclude each other (a checkpoint holds the weights)");
   if (o.save_every > 0 && o.save_dir.empty()) throw std::invalid_argument("--save-every needs --save-dir");
@@ -152,6 +164,131 @@ void print_peak_table(const std::vector<peak_row>& rows) {
   }
 }
 
+// What rank 0 keeps of a run.
+struct run_result {
+  int first_step = 1;  // later than 1 when resumed from a checkpoint
+  double first_loss = 0, last_loss = 0;
+  std::uint32_t last_loss_bits = 0;
+  std::vector<peak_row> run_peaks;
+};
+
+// One rank's training, the same code on thread ranks and MPI processes. The per-rank peaks
+// reach rank 0 by an all-gather, so nothing is shared between ranks but the communicator.
+template <class Comm>
+void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt::gpt_config& mc,
+                const gpt::zshard_model& model, const zshard::engine_config& cfg, run_result& out) {
+  const int rank = comm.rank(), world = comm.size();
+  zshard::host_backend backend(std::nullopt, "rank " + std::to_string(rank));
+  zshard::engine<zshard::host_backend, Comm> eng(backend, comm, model.spec, cfg);
+  gpt::zshard_gpt_runner<decltype(eng)> runner(eng, model, o.checkpoint);
+  const int T = mc.seq_len;
+  static_assert(sizeof(peak_row) % sizeof(float) == 0, "peak rows travel as f32 words");
+  constexpr std::size_t row_words = sizeof(peak_row) / sizeof(float);
+  std::vector<peak_row> step_peaks(static_cast<std::size_t>(world)), run_peaks(static_cast<std::size_t>(world));
+  // Batches are a function of the step, so a resumed run draws what the uninterrupted one would.
+  int start = 0;
+  if (!o.resume.empty()) {
+    const auto info = zshard::checkpoint::load(eng, o.resume);
+    start = static_cast<int>(info.step);
+    if (rank == 0)
+      std::printf("resumed from %s at step %d (saved by %d rank(s))\n", info.path.c_str(), start, info.saved_world_size);
+  } else if (!o.init_from.empty()) {
+    const auto rep = zshard::checkpoint::load_pretrained(eng, o.init_from);
+    if (rank == 0) std::printf("loaded %zu pretrained parameters from %s\n", rep.loaded, o.init_from.c_str());
+  }
+  if (start >= o.steps)
+    throw std::invalid_argument("nothing to train: the checkpoint is at step " + std::to_string(start) +
+                                ", --steps is " + std::to_string(o.steps));
+  if (rank == 0) out.first_step = start + 1;
+  const auto save = [&](int step) {
+    const auto s = zshard::checkpoint::save(
+        eng, o.save_dir, {.keep_last = std::size_t(o.keep_last), .user_state = "step " + std::to_string(step)});
+    if (rank == 0) std::printf("  saved %s\n", s.path.c_str());
+  };
+  auto clock_start = std::chrono::steady_clock::now();
+  for (int step = start + 1; step <= o.steps; ++step) {
+    backend.ledger().reset_peaks();
+    double loss = 0;
+    for (int mb = 0; mb < o.micro_batches; ++mb) {
+      // global batch = all ranks' rows; this rank takes its own rows of it
+      const std::uint64_t index = std::uint64_t(step - 1) * std::uint64_t(o.micro_batches) + std::uint64_t(mb);
+      loss += runner.train_micro_batch(data.get_rows(index, rank * o.batch, o.batch, T));
+    }
+    const zshard::step_report rep = eng.step();
+    float mean_loss = float(loss / o.micro_batches);
+    comm.all_reduce(&mean_loss, &mean_loss, 1, zshard::dtype::f32, zshard::reduce_op::average);
+    peak_row mine;
+    for (std::size_t c = 0; c < zshard::mem_category_count; ++c)
+      mine.by_category[c] = backend.ledger().peak(zshard::mem_category(c));
+    mine.total = backend.ledger().total_peak();
+    comm.all_gather(&mine, step_peaks.data(), row_words, zshard::dtype::f32);  // bytes, as f32 words: a copy
+    for (std::size_t r = 0; r < run_peaks.size(); ++r) {
+      for (std::size_t c = 0; c < zshard::mem_category_count; ++c)
+        run_peaks[r].by_category[c] = std::max(run_peaks[r].by_category[c], step_peaks[r].by_category[c]);
+      run_peaks[r].total = std::max(run_peaks[r].total, step_peaks[r].total);
+    }
+    if (rank == 0) {
+      if (step == start + 1) out.first_loss = mean_loss;
+      out.last_loss = mean_loss;
+      out.last_loss_bits = std::bit_cast<std::uint32_t>(mean_loss);
+      if (step % o.log_every == 0 || step == start + 1 || step == o.steps) {
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_start).count();
+        const int steps_done = step % o.log_every == 0 ? o.log_every : (step == start + 1 ? 1 : step % o.log_every);
+        const double tokens = double(steps_done) * world * o.micro_batches * o.batch * T;
+        const auto& p = step_peaks[0];
+        std::size_t max_total = 0;
+        for (const auto& r : step_peaks) max_total = std::max(max_total, r.total);
+        std::printf("step %4d  loss %.4f  %7.0f tok/s  grad-norm %.3f%s  peak/rank MiB: params %s gathered %s "
+                    "buckets %s grads %s optim %s activ %s | total r0 %s max %s\n",
+                    step, mean_loss, tokens / secs, rep.grad_norm, rep.skipped ? " (skipped)" : "",
+                    mib(p.by_category[0]).c_str(), mib(p.by_category[1]).c_str(), mib(p.by_category[2]).c_str(),
+                    mib(p.by_category[3]).c_str(), mib(p.by_category[4]).c_str(), mib(p.by_category[5]).c_str(),
+                    mib(p.total).c_str(), mib(max_total).c_str());
+        if (!rep.swept.empty()) std::printf("  note: %zu module use(s) swept without backward\n", rep.swept.size());
+        std::fflush(stdout);
+        clock_start = std::chrono::steady_clock::now();
+      }
+    }
+    if (o.eval_every > 0 && step % o.eval_every == 0) {
+      // batches the training loop never draws (indices past its range)
+      float eval_loss = float(runner.evaluate(data.get_rows(1'000'000 + std::uint64_t(step), rank * o.batch, o.batch, T)));
+      comm.all_reduce(&eval_loss, &eval_loss, 1, zshard::dtype::f32, zshard::reduce_op::average);
+      if (rank == 0) std::printf("  eval (no-grad pass) loss %.4f\n", eval_loss);
+    }
+    if (!o.save_dir.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save(step);
+  }
+  if (!o.export_path.empty()) {
+    zshard::checkpoint::export_engine(eng, o.export_path,
+                                      {.type = o.export_bf16 ? zshard::dtype::bf16 : zshard::dtype::f32});
+    if (rank == 0) std::printf("exported %s\n", o.export_path.c_str());
+  }
+  if (rank == 0) out.run_peaks = run_peaks;
+}
+
+void print_header(const options& o, int world, const char* kind, const gpt::gpt_config& mc,
+                  const gpt::zshard_model& model) {
+  const std::size_t total = model.spec.total_numel();
+  std::printf("zshard GPT example: %d %s, %zu parameters (%.2f MiB f32) in %zu modules, %s data, vocab %d\n", world,
+              kind, total, double(total) * 4 / (1 << 20), model.spec.modules().size(),
+              o.text.empty() ? "synthetic" : o.text.c_str(), mc.vocab);
+  std::printf("  layers %d, d_model %d, heads %d, d_ff %d, seq %d; batch %d x %d micro-batch(es) per rank; %s; %s\n",
+              mc.n_layers, mc.d_model, mc.n_heads, mc.d_ff, mc.seq_len, o.batch, o.micro_batches,
+              o.bf16 ? "bf16 working params" : "f32 params", o.checkpoint ? "activation checkpointing" : "no checkpointing");
+  std::fflush(stdout);
+}
+
+// Rank 0's closing lines; the loss bits let a script compare runs exactly (threads vs MPI).
+int report(const options& o, const run_result& res) {
+  print_peak_table(res.run_peaks);
+  const int ran = o.steps - res.first_step + 1;
+  const bool falling = ran < 2 || res.last_loss < res.first_loss;
+  std::printf("\nloss %.4f -> %.4f over %d steps (%s)\n", res.first_loss, res.last_loss, ran,
+              falling ? "falling" : "NOT falling");
+  std::printf("final loss bits: 0x%08x\n", static_cast<unsigned>(res.last_loss_bits));
+  std::printf("final_loss: %.9g\n", res.last_loss);
+  return falling ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -174,111 +311,23 @@ int main(int argc, char** argv) try {
   cfg.clip_norm = o.clip;
   cfg.reduce.reduce_bucket_numel = 1 << 16;
 
-  const std::size_t total = model.spec.total_numel();
-  std::printf("zshard GPT example: %d thread ranks, %zu parameters (%.2f MiB f32) in %zu modules, %s data, vocab %d\n",
-              o.ranks, total, double(total) * 4 / (1 << 20), model.spec.modules().size(),
-              o.text.empty() ? "synthetic" : o.text.c_str(), mc.vocab);
-  std::printf("  layers %d, d_model %d, heads %d, d_ff %d, seq %d; batch %d x %d micro-batch(es) per rank; %s; %s\n",
-              mc.n_layers, mc.d_model, mc.n_heads, mc.d_ff, mc.seq_len, o.batch, o.micro_batches,
-              o.bf16 ? "bf16 working params" : "f32 params", o.checkpoint ? "activation checkpointing" : "no checkpointing");
-
-  std::mutex mu;
-  std::vector<peak_row> step_peaks(static_cast<std::size_t>(o.ranks)), run_peaks(static_cast<std::size_t>(o.ranks));
-  double first_loss = 0, last_loss = 0;
-  int first_step = 1;
-
-  zshard::run_ranks(o.ranks, [&](zshard::thread_comm& comm) {
-    const int rank = comm.rank();
-    zshard::host_backend backend(std::nullopt, "rank " + std::to_string(rank));
-    zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, model.spec, cfg);
-    gpt::zshard_gpt_runner<decltype(eng)> runner(eng, model, o.checkpoint);
-    const int T = mc.seq_len;
-    // Batches are a function of the step, so a resumed run draws what the uninterrupted one would.
-    int start = 0;
-    if (!o.resume.empty()) {
-      const auto info = zshard::checkpoint::load(eng, o.resume);
-      start = static_cast<int>(info.step);
-      if (rank == 0)
-        std::printf("resumed from %s at step %d (saved by %d rank(s))\n", info.path.c_str(), start, info.saved_world_size);
-    } else if (!o.init_from.empty()) {
-      const auto rep = zshard::checkpoint::load_pretrained(eng, o.init_from);
-      if (rank == 0) std::printf("loaded %zu pretrained parameters from %s\n", rep.loaded, o.init_from.c_str());
-    }
-    if (start >= o.steps) throw std::invalid_argument("nothing to train: the checkpoint is at step " + std::to_string(start) +
-                                                      ", --steps is " + std::to_string(o.steps));
-    if (rank == 0) first_step = start + 1;
-    auto save = [&](int step) {
-      const auto s = zshard::checkpoint::save(eng, o.save_dir, {.keep_last = std::size_t(o.keep_last),
-                                                                .user_state = "step " + std::to_string(step)});
-      if (rank == 0) std::printf("  saved %s\n", s.path.c_str());
-    };
-    auto clock_start = std::chrono::steady_clock::now();
-    for (int step = start + 1; step <= o.steps; ++step) {
-      backend.ledger().reset_peaks();
-      double loss = 0;
-      for (int mb = 0; mb < o.micro_batches; ++mb) {
-        // global batch = all ranks' rows; this rank takes its own rows of it
-        const std::uint64_t index = std::uint64_t(step - 1) * std::uint64_t(o.micro_batches) + std::uint64_t(mb);
-        loss += runner.train_micro_batch(data.get_rows(index, rank * o.batch, o.batch, T));
-      }
-      const zshard::step_report rep = eng.step();
-      float mean_loss = float(loss / o.micro_batches);
-      comm.all_reduce(&mean_loss, &mean_loss, 1, zshard::dtype::f32, zshard::reduce_op::average);
-      {
-        std::lock_guard lock(mu);
-        auto& row = step_peaks[static_cast<std::size_t>(rank)];
-        auto& run = run_peaks[static_cast<std::size_t>(rank)];
-        for (std::size_t c = 0; c < zshard::mem_category_count; ++c) {
-          row.by_category[c] = backend.ledger().peak(zshard::mem_category(c));
-          run.by_category[c] = std::max(run.by_category[c], row.by_category[c]);
-        }
-        row.total = backend.ledger().total_peak();
-        run.total = std::max(run.total, row.total);
-      }
-      comm.barrier();  // every rank's peaks are in before rank 0 prints them
-      if (rank == 0) {
-        if (step == start + 1) first_loss = mean_loss;
-        last_loss = mean_loss;
-        if (step % o.log_every == 0 || step == start + 1 || step == o.steps) {
-          const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_start).count();
-          const int steps_done = step % o.log_every == 0 ? o.log_every : (step == start + 1 ? 1 : step % o.log_every);
-          const double tokens = double(steps_done) * o.ranks * o.micro_batches * o.batch * T;
-          std::lock_guard lock(mu);
-          const auto& p = step_peaks[0];
-          std::size_t max_total = 0;
-          for (const auto& r : step_peaks) max_total = std::max(max_total, r.total);
-          std::printf("step %4d  loss %.4f  %7.0f tok/s  grad-norm %.3f%s  peak/rank MiB: params %s gathered %s "
-                      "buckets %s grads %s optim %s activ %s | total r0 %s max %s\n",
-                      step, mean_loss, tokens / secs, rep.grad_norm, rep.skipped ? " (skipped)" : "",
-                      mib(p.by_category[0]).c_str(), mib(p.by_category[1]).c_str(), mib(p.by_category[2]).c_str(),
-                      mib(p.by_category[3]).c_str(), mib(p.by_category[4]).c_str(), mib(p.by_category[5]).c_str(),
-                      mib(p.total).c_str(), mib(max_total).c_str());
-          if (!rep.swept.empty()) std::printf("  note: %zu module use(s) swept without backward\n", rep.swept.size());
-          std::fflush(stdout);
-          clock_start = std::chrono::steady_clock::now();
-        }
-      }
-      comm.barrier();  // rank 0 has read the peaks before they are overwritten
-      if (o.eval_every > 0 && step % o.eval_every == 0) {
-        // batches the training loop never draws (indices past its range)
-        float eval_loss = float(runner.evaluate(data.get_rows(1'000'000 + std::uint64_t(step), rank * o.batch, o.batch, T)));
-        comm.all_reduce(&eval_loss, &eval_loss, 1, zshard::dtype::f32, zshard::reduce_op::average);
-        if (rank == 0) std::printf("  eval (no-grad pass) loss %.4f\n", eval_loss);
-      }
-      if (!o.save_dir.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save(step);
-    }
-    if (!o.export_path.empty()) {
-      zshard::checkpoint::export_engine(eng, o.export_path,
-                                        {.type = o.export_bf16 ? zshard::dtype::bf16 : zshard::dtype::f32});
-      if (rank == 0) std::printf("exported %s\n", o.export_path.c_str());
-    }
-  });
-  print_peak_table(run_peaks);
-  const int ran = o.steps - first_step + 1;
-  std::printf("\nloss %.4f -> %.4f over %d steps (%s)\n", first_loss, last_loss, ran,
-              ran < 2 || last_loss < first_loss ? "falling" : "NOT falling");
-  std::printf("final_loss: %.9g\n", last_loss);
-  return ran < 2 || last_loss < first_loss ? 0 : 1;
+  run_result res;
+  if (o.mpi) {
+#ifdef ZSHARD_EXAMPLE_MPI
+    int rank = 0;
+    zshard::run_mpi(argc, argv, [&](zshard::mpi_comm& comm) {
+      rank = comm.rank();
+      if (rank == 0) print_header(o, comm.size(), "MPI processes", mc, model);
+      train_rank(comm, o, data, mc, model, cfg, res);
+    });
+    return rank == 0 ? report(o, res) : 0;
+#else
+    throw std::invalid_argument("--mpi: this build has no MPI (install libopenmpi-dev and openmpi-bin, reconfigure)");
+#endif
+  }
+  print_header(o, o.ranks, "thread ranks", mc, model);
+  zshard::run_ranks(o.ranks, [&](zshard::thread_comm& comm) { train_rank(comm, o, data, mc, model, cfg, res); });
+  return report(o, res);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "02_train_gpt: %s\n", e.what());
   return 2;

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On a GPU machine: build the GPU tests, the example and the bench, run the tests (kernels
 # against the host reference, the CUDA backend, NCCL, the engine on cuda_backend + nccl_comm,
-# the readiness cases of issue 18), the example, then the bench, which prints its tables and key
-# figures. The whole script fits in 8 minutes (a device command may run 10; a session has 15
-# minutes of device time): every stage has a time budget, printed before it runs, and is cut
-# short to what is left of the total.
+# the readiness cases of issue 18; NCCL bootstrapped over MPI, one process per GPU, when Open
+# MPI is there), the example, then the bench, which prints its tables and key figures. The whole
+# script fits in 8 minutes (a device command may run 10; a session has 15 minutes of device
+# time): every stage has a time budget, printed before it runs, and is cut short to what is left
+# of the total.
 #
 #   bash bench/gpu/run.sh [--quick]
 #
@@ -130,6 +131,32 @@ if [[ -n $doctest_inc ]]; then
 fi
 say "tests: $tests"
 
+# ---- NCCL over MPI: one process per GPU (comm/nccl_mpi.hpp) -----------------------------------
+nccl_mpi="not run (no mpicxx/mpirun: apt-get install libopenmpi-dev openmpi-bin)"
+rc_nccl_mpi=0
+if ((have_gpu)) && command -v mpicxx >/dev/null && command -v mpirun >/dev/null; then
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  mpi_flags=()
+  if mpirun --version 2>/dev/null | grep -q "Open MPI"; then
+    mpi_flags+=(--oversubscribe)
+    [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
+  fi
+  if timeout "$(budget 60 60)" mpicxx -std=c++20 -O2 -Iinclude "-I$cuda/include" "-I$nccl_inc" \
+       tests/gpu/test_nccl_mpi.cpp -o "$out/test_nccl_mpi" "-L$cuda/lib64" -lcudart "$nccl_lib" \
+       "-Wl,-rpath,$(dirname "$nccl_lib")" >"$results/build_test_nccl_mpi.log" 2>&1; then
+    run_stage test_nccl_mpi "$(budget 40 40)" mpirun -n "$((ngpu > 0 ? ngpu : 1))" "${mpi_flags[@]}" \
+      "$out/test_nccl_mpi"
+    rc_nccl_mpi=$?
+    nccl_mpi="rc=$rc_nccl_mpi with $((ngpu > 0 ? ngpu : 1)) process(es)"
+  else
+    nccl_mpi="build failed (log: $results/build_test_nccl_mpi.log)"
+    rc_nccl_mpi=3
+  fi
+elif ((!have_gpu)); then
+  nccl_mpi="skipped (no GPU)"
+fi
+say "NCCL over MPI (test_nccl_mpi): $nccl_mpi"
+
 # ---- example and bench: GPU only ----------------------------------------------------------------
 if ((have_gpu)); then
   run_stage example "$(budget 30 40)" "$out/03_gpu_engine" 10
@@ -145,4 +172,4 @@ else
 fi
 ok_rc() { [[ $1 == 0 || ($1 == 77 && $have_gpu == 0) ]]; }
 [[ -z $doctest_inc ]] || { ok_rc "$rc_main" && ok_rc "$rc_hang"; } || exit 1
-[[ $rc_example == 0 && $rc_bench == 0 ]]
+[[ $rc_example == 0 && $rc_bench == 0 && $rc_nccl_mpi == 0 ]]

@@ -2,7 +2,8 @@
 // The communicator concept: the collectives ZeRO-3 needs, over plain host or device pointers.
 // The thread, MPI and NCCL communicators satisfy it; the engine is written against it only.
 //
-// Contract every communicator keeps (tests in tests/comm hold the thread communicator to it):
+// Contract every communicator keeps (tests/comm holds the thread communicator to it, tests/mpi
+// the MPI one, bit for bit against threads; NCCL's exceptions are listed in nccl_comm.hpp):
 //
 // - Equal counts. Every collective takes the same `count` on every rank, and every rank must
 //   call the same collectives in the same order with the same count, dtype, op and root. The
@@ -156,6 +157,15 @@ template <class C>
 concept groupable = requires(C& c) {
   c.group_start();
   c.group_end();
+};
+
+// Every zshard communicator (thread, MPI, NCCL, null) can also be split into sub-groups:
+// split(color, key) is a collective that returns a communicator of the same type over the ranks
+// that passed the same color (>= 0), ranked by (key, parent rank), as MPI_Comm_split. Hybrid
+// sharding builds on it (shard within a group, replicate across groups).
+template <class C>
+concept splittable = requires(C& c, int color, int key) {
+  { c.split(color, key) } -> std::same_as<C>;
 };
 
 // Runs issue() with its collectives launched together where the communicator can group them,

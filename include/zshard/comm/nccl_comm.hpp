@@ -290,6 +290,34 @@ class nccl_comm {
       for (cudaStream_t on : streams) wait_stream("ncclGroupEnd", on);
   }
 
+  // The sub-communicator of the ranks that pass the same color (>= 0), ordered by (key, rank),
+  // on the same device with the same options (ncclCommSplit, non-blocking, so a rank that
+  // never calls it makes the others time out). A collective: every rank calls it.
+  nccl_comm split(int color, int key) {
+    check_usable("split");
+    ZSHARD_REQUIRE(group_depth_ == 0, error_kind::usage, "split() inside a group_start()/group_end() pair");
+    ZSHARD_REQUIRE(color >= 0, error_kind::usage, "split: color " + std::to_string(color) + " must be >= 0",
+                   "give every rank a group (color); a rank that wants no group can use a group of its own");
+    nccl_comm out(adopt{}, 0, 1, device_, opts_);
+    ncclConfig_t config = nccl_detail::nonblocking_config();
+    const std::string what = "ncclCommSplit(color=" + std::to_string(color) + ", key=" + std::to_string(key) + ")";
+    try {
+      const ncclResult_t r = ncclCommSplit(comm_, color, key, &out.comm_, &config);
+      if (r != ncclSuccess && r != ncclInProgress) fail(what, r);
+      settle(what);
+      out.settle(what);
+      int n = 0, me = 0;
+      if (const ncclResult_t c = ncclCommCount(out.comm_, &n); c != ncclSuccess) out.fail("ncclCommCount", c);
+      if (const ncclResult_t u = ncclCommUserRank(out.comm_, &me); u != ncclSuccess) out.fail("ncclCommUserRank", u);
+      out.rank_ = me;
+      out.size_ = n;
+    } catch (...) {
+      out.abort("split failed");
+      throw;
+    }
+    return out;
+  }
+
   // Flushes and destroys several communicators together, since finalising one rank may wait
   // for its peers (one thread finalising them one by one would wait on itself). A communicator
   // that does not finish within its timeout, or fails, is aborted instead. Idempotent.

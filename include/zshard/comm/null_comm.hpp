@@ -12,8 +12,12 @@
 // the communication volume of the simulated step.
 #include <array>
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "zshard/comm/communicator.hpp"
 
@@ -69,6 +73,30 @@ class null_comm {
 
   void barrier(comm_stream = {}) noexcept { note(op_kind::barrier, 0); }
 
+  // split(color, key) as MPI_Comm_split, for a world without peers: null_comm cannot ask the
+  // other simulated ranks for their colors, so it takes the rule all of them follow,
+  // rule(rank) -> {color, key} (the rule must give this rank the color and key it passes).
+  // Without a rule, split is a usage error. The sub-communicator has no rule: set one to split it again.
+  using split_rule = std::function<std::pair<int, int>(int rank)>;
+  void set_split_rule(split_rule rule) { rule_ = std::move(rule); }
+
+  null_comm split(int color, int key) const {
+    ZSHARD_REQUIRE(static_cast<bool>(rule_), error_kind::usage,
+                   "null_comm::split: a null communicator has no peers to learn their colors from",
+                   "call set_split_rule(rank -> {color, key}) with the rule every simulated rank follows");
+    ZSHARD_REQUIRE(color >= 0, error_kind::usage, "split: color " + std::to_string(color) + " must be >= 0");
+    ZSHARD_REQUIRE(rule_(rank_) == std::make_pair(color, key), error_kind::usage,
+                   "null_comm::split: rank " + std::to_string(rank_) + " passed (color " + std::to_string(color) +
+                       ", key " + std::to_string(key) + ") but the split rule gives it another",
+                   "pass what the rule gives, or fix the rule");
+    std::vector<std::pair<int, int>> members;  // (key, rank) with this color
+    for (int q = 0; q < size_; ++q)
+      if (const auto ck = rule_(q); ck.first == color) members.emplace_back(ck.second, q);
+    std::sort(members.begin(), members.end());
+    const auto me = std::find(members.begin(), members.end(), std::make_pair(key, rank_));
+    return null_comm(static_cast<int>(me - members.begin()), static_cast<int>(members.size()));
+  }
+
   // What the simulated rank would have done: collectives called and bytes it would send (a
   // ring schedule), per kind.
   std::uint64_t calls(op_kind k) const noexcept { return calls_[index(k)]; }
@@ -96,6 +124,7 @@ class null_comm {
 
   int rank_;
   int size_;
+  split_rule rule_;
   std::array<std::uint64_t, op_kinds> calls_{};
   std::array<std::uint64_t, op_kinds> bytes_{};
 };

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -161,10 +163,17 @@ class thread_world {
 
   // Poisons the world: every rank in or entering a collective throws error_kind::comm. The
   // first abort (or timeout, or mismatch) is the root cause; later ones are ignored.
+  // Sub-group worlds made by thread_comm::split are aborted with it.
   void abort(std::string reason, int failed_rank = -1) {
-    std::lock_guard lk(m_);
-    if (failed_rank >= 0) reason = "rank " + std::to_string(failed_rank) + " failed: " + reason;
-    poison_locked(failed_rank, std::move(reason));
+    std::vector<std::shared_ptr<thread_world>> children;
+    {
+      std::lock_guard lk(m_);
+      if (failed_rank >= 0) reason = "rank " + std::to_string(failed_rank) + " failed: " + reason;
+      poison_locked(failed_rank, reason);
+      for (auto& w : children_)
+        if (auto c = w.lock()) children.push_back(std::move(c));
+    }
+    for (auto& c : children) c->abort(reason);
   }
   bool aborted() const {
     std::lock_guard lk(m_);
@@ -311,6 +320,28 @@ class thread_world {
 
   const detail::comm_slot& slot(int q) const noexcept { return ranks_[static_cast<std::size_t>(q)].slot; }
 
+  // The world of sub-group `color` made by the split that was collective number `seq`: the
+  // first member to ask creates it, the last one to ask drops it from the registry.
+  std::shared_ptr<thread_world> child(std::uint64_t seq, int color, int members) {
+    std::shared_ptr<thread_world> w;
+    {
+      std::lock_guard lk(m_);
+      auto& entry = splits_[{seq, color}];
+      if (!entry.first) {
+        entry = {std::make_shared<thread_world>(members, timeout_), members};
+        children_.push_back(entry.first);
+      }
+      w = entry.first;
+      if (--entry.second == 0) splits_.erase({seq, color});
+    }
+    if (aborted()) w->abort(abort_reason());
+    return w;
+  }
+  std::uint64_t collectives_entered(int rank) const {
+    std::lock_guard lk(m_);
+    return ranks_[static_cast<std::size_t>(rank)].next_seq;
+  }
+
   int size_;
   std::chrono::milliseconds timeout_;
   mutable std::mutex m_;
@@ -322,6 +353,8 @@ class thread_world {
   bool poisoned_ = false;
   int origin_ = -1;
   std::string reason_;
+  std::map<std::pair<std::uint64_t, int>, std::pair<std::shared_ptr<thread_world>, int>> splits_;
+  std::vector<std::weak_ptr<thread_world>> children_;
 };
 
 // One rank's handle on a thread_world; cheap to copy. Use each rank from one thread at a time.
@@ -410,7 +443,33 @@ class thread_comm {
     world_->rendezvous(rank_, detail::collective::barrier, &s, /*last=*/true);
   }
 
+  // The sub-communicator of the ranks that pass the same color (>= 0), ordered by (key, rank),
+  // as MPI_Comm_split. A collective: every rank calls it. The group gets a thread_world of its
+  // own (same timeout), kept alive by its handles and aborted when this world is.
+  thread_comm split(int color, int key) {
+    const std::int32_t mine[2] = {color, key};
+    std::vector<std::int32_t> all(2 * static_cast<std::size_t>(size()));
+    all_gather(mine, all.data(), 2, dtype::f32);        // two int32 as two f32 words: a copy
+    std::vector<std::pair<std::int32_t, int>> members;  // (key, rank) of this rank's group
+    for (int q = 0; q < size(); ++q) {
+      const std::int32_t c = all[2 * static_cast<std::size_t>(q)];
+      ZSHARD_REQUIRE(
+          c >= 0, error_kind::usage,
+          "split: rank " + std::to_string(q) + " passed color " + std::to_string(c) + "; colors must be >= 0",
+          "give every rank a group (color); a rank that wants no group can use a group of its own");
+      if (c == color) members.emplace_back(all[2 * static_cast<std::size_t>(q) + 1], q);
+    }
+    std::sort(members.begin(), members.end());
+    const int sub_rank = static_cast<int>(
+        std::find_if(members.begin(), members.end(), [&](const auto& m) { return m.second == rank_; }) -
+        members.begin());
+    return thread_comm(world_->child(world_->collectives_entered(rank_), color, static_cast<int>(members.size())),
+                       sub_rank);
+  }
+
  private:
+  thread_comm(std::shared_ptr<thread_world> owned, int rank) : world_(owned.get()), rank_(rank), owned_(owned) {}
+
   void check_pointers(const char* what, const void* src, const void* dst, std::size_t count) const {
     if (count != 0 && (src == nullptr || dst == nullptr))
       throw error(error_kind::usage, std::string(what) + " on rank " + std::to_string(rank_) +
@@ -438,6 +497,7 @@ class thread_comm {
 
   thread_world* world_;
   int rank_;
+  std::shared_ptr<thread_world> owned_;  // set on a split's handles: keeps the group's world alive
 };
 
 static_assert(check_communicator<thread_comm>());

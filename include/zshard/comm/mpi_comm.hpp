@@ -1,0 +1,521 @@
+#pragma once
+// The MPI communicator: the communicator concept over MPI, one rank per process (or per node,
+// or per GPU with the host backend), on host memory. Launched by mpirun/mpiexec or Slurm;
+// comm/mpi_run.hpp has the session and the run_mpi() entry point that ends the job on failure.
+//
+// Results are bitwise those of thread_comm at the same world size: MPI only moves bytes here,
+// it never reduces. reduce_scatter is an all-to-all (rank r receives block r of every rank)
+// followed by the thread communicator's own reduction kernel (detail::reduce_block: f32
+// accumulation in rank order 0..n-1, one division for average, one rounding to bf16/f16);
+// all_reduce is the same on an even split of the elements followed by an all-gather of the
+// reduced slices. MPI_Reduce_scatter would not do: MPI may reduce in any order (and has no
+// bf16/f16 types), so results would depend on the implementation and the world size. The
+// bytes each rank sends are those of a ring collective, (n - 1) / n of the buffer.
+//
+// Same timeout and failure semantics as thread_comm (communicator.hpp, "Failure"):
+// - Every MPI call is non-blocking (MPI_Iallgather, MPI_Ialltoall(v), MPI_Iallgatherv,
+//   MPI_Ibcast, MPI_Ibarrier, MPI_Comm_idup) and polled with MPI_Test against
+//   options().timeout (default_comm_timeout, as thread_comm): never a silent hang.
+// - With check_arguments (the default) each collective first all-gathers its arguments (kind,
+//   sequence number, count, dtype, op, root): ranks that call different collectives, skip one
+//   or disagree on a count fail with the same "collective mismatch" message thread_comm gives,
+//   on every rank, before any data moves. Costs one small extra round trip per collective.
+// - A rank that ends its run (finish(), called by run_mpi) tells its peers how many collectives
+//   it took part in; a peer waiting in a later collective fails at once, naming it.
+// - A rank that times out asks its peers which collective they are in: the message names the
+//   ranks that do not answer (hung, busy, dead), those in another collective, those waiting too.
+// - A failure throws error_kind::comm naming the collective, its number and the ranks; the
+//   communicator is then unusable (an MPI request may still reference the caller's buffers),
+//   and the process must end: run_mpi() calls MPI_Abort, which ends every process of the job.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "zshard/comm/communicator.hpp"
+#include "zshard/comm/thread_comm.hpp"  // the shared reduction kernel, argument checks and default timeout
+
+namespace zshard {
+
+struct mpi_options {
+  std::chrono::milliseconds timeout = default_comm_timeout;  // per collective, and for construction
+  bool check_arguments = true;                               // all-gather each collective's arguments first (see above)
+  // How long a wait polls MPI without yielding the core. MPI moves a large message one
+  // fragment per poll, so a yield (a whole time slice on a loaded machine) per poll slows it;
+  // but with more processes than cores a spinning waiter takes the core its peer needs.
+  std::chrono::microseconds spin{1000};
+};
+
+namespace mpi_detail {
+inline std::string error_string(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+// Element types as MPI sees them: it only copies, so bf16/f16 travel as 16-bit integers.
+inline MPI_Datatype type_of(dtype t) noexcept { return t == dtype::f32 ? MPI_FLOAT : MPI_UINT16_T; }
+// What each rank publishes before a collective (check_arguments): compared across ranks.
+struct header {
+  std::uint64_t seq, count;
+  std::int32_t root;
+  std::uint8_t kind, type, op, pad;
+};
+constexpr int done_tag = 0x25a1;    // control channel: "I finished after N collectives"
+constexpr int probe_tag = 0x25a2;   // "which collective are you in?" (sent on a timeout)
+constexpr int answer_tag = 0x25a3;  // its answer: the collective's number, or finishing
+constexpr std::uint64_t finishing = ~std::uint64_t{0};
+// MPI progresses a transfer only inside MPI calls (MPI_Test here), one fragment at a time: a
+// sleeping poller throttles a large collective to a fragment per sleep (measured: 4 MiB
+// all_gather 50x slower with 20 us sleeps). So spin (mpi_options::spin), then yield, as
+// MPI_Wait does, and sleep only once a wait has lasted long enough to be a lagging peer.
+inline void back_off(std::chrono::steady_clock::duration waited, std::chrono::microseconds spin) {
+  if (waited < spin) return;
+  if (waited < std::chrono::seconds(2))
+    std::this_thread::yield();
+  else
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+}  // namespace mpi_detail
+
+class mpi_comm {
+ public:
+  using zshard_tag = communicator_tag;
+
+  // Every rank of `base` constructs one (it is a collective over base): duplicates base for
+  // the collectives and again for the control messages, so user traffic on base never mixes
+  // with ours. MPI must be initialised (mpi_session or MPI_Init_thread).
+  explicit mpi_comm(MPI_Comm base = MPI_COMM_WORLD, mpi_options opts = {}) : opts_(opts) {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    ZSHARD_REQUIRE(init && !fin, error_kind::usage, "mpi_comm: MPI is not initialised (or already finalised)",
+                   "create a zshard::mpi_session (or call MPI_Init_thread) before any mpi_comm; see comm/mpi_run.hpp");
+    ZSHARD_REQUIRE(opts.timeout.count() > 0, error_kind::usage, "mpi_comm timeout must be positive");
+    ZSHARD_REQUIRE(base != MPI_COMM_NULL, error_kind::usage, "mpi_comm: base communicator is MPI_COMM_NULL");
+    MPI_Comm_rank(base, &rank_);
+    MPI_Comm_size(base, &size_);
+    current_ = "mpi_comm construction (MPI_Comm_idup)";
+    MPI_Comm dups[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
+    for (MPI_Comm& c : dups) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      check(MPI_Comm_idup(base, &c, &req));
+      wait(req);
+      check(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+    }
+    data_ = dups[0];
+    ctrl_ = dups[1];
+    peer_done_.assign(static_cast<std::size_t>(size_), -1);
+  }
+
+  mpi_comm(mpi_comm&& o) noexcept { take(o); }
+  mpi_comm& operator=(mpi_comm&& o) noexcept {
+    if (this != &o) {
+      release();
+      take(o);
+    }
+    return *this;
+  }
+  mpi_comm(const mpi_comm&) = delete;
+  mpi_comm& operator=(const mpi_comm&) = delete;
+  ~mpi_comm() { release(); }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  MPI_Comm handle() const noexcept { return data_; }
+  const mpi_options& options() const noexcept { return opts_; }
+  bool failed() const noexcept { return !failed_.empty(); }
+  std::uint64_t collectives_called() const noexcept { return seq_; }
+
+  void all_gather(const void* src, void* dst, std::size_t count, dtype t, comm_stream = {}) {
+    const std::size_t block = count * size_of(t);
+    check_pointers("all_gather", src, dst, count);
+    const bool in_place = src == static_cast<const std::byte*>(dst) + block * static_cast<std::size_t>(rank_);
+    if (detail::overlaps(src, block, dst, block * static_cast<std::size_t>(size_)) && !in_place)
+      throw error(error_kind::usage, "all_gather: src overlaps dst other than as dst + rank() * count (in place)");
+    if (!begin(detail::collective::all_gather, count, t, reduce_op::sum, 0)) return;
+    const int n = as_int(count);
+    const MPI_Datatype mt = mpi_detail::type_of(t);
+    run(MPI_Iallgather(in_place ? MPI_IN_PLACE : src, n, mt, dst, n, mt, data_, &req_));
+  }
+
+  // op: sum or average. Rank-order f32 reduction of the all-to-all'd blocks (see above).
+  void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream = {}) {
+    ZSHARD_REQUIRE(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
+                   "use all_reduce with reduce_op::max");
+    const std::size_t block = count * size_of(t);
+    check_pointers("reduce_scatter", src, dst, count);
+    if (detail::overlaps(src, block * static_cast<std::size_t>(size_), dst, block) &&
+        dst != static_cast<const std::byte*>(src) + block * static_cast<std::size_t>(rank_))
+      throw error(error_kind::usage, "reduce_scatter: dst overlaps src other than as src + rank() * count (in place)");
+    if (!begin(detail::collective::reduce_scatter, count, t, op, 0)) return;
+    const int n = as_int(count);
+    const MPI_Datatype mt = mpi_detail::type_of(t);
+    staging_.resize(block * static_cast<std::size_t>(size_));
+    run(MPI_Ialltoall(src, n, mt, staging_.data(), n, mt, data_, &req_));
+    reduce_staged(t, count, count, op, dst);
+  }
+
+  // src == dst is allowed. Rank r reduces slice r of an even split (thread_comm's split_range)
+  // and the slices are all-gathered back.
+  void all_reduce(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream = {}) {
+    const std::size_t bytes = count * size_of(t);
+    check_pointers("all_reduce", src, dst, count);
+    if (src != dst && detail::overlaps(src, bytes, dst, bytes))
+      throw error(error_kind::usage, "all_reduce: src and dst overlap without being equal");
+    if (!begin(detail::collective::all_reduce, count, t, op, 0)) return;
+    as_int(count);
+    const auto un = static_cast<std::size_t>(size_);
+    std::vector<int> lens(un), offs(un), mine_lens(un), mine_offs(un);
+    for (int q = 0; q < size_; ++q) {
+      const auto [lo, hi] = detail::split_range(count, size_, q);
+      lens[static_cast<std::size_t>(q)] = static_cast<int>(hi - lo);
+      offs[static_cast<std::size_t>(q)] = static_cast<int>(lo);
+    }
+    const int my_len = lens[static_cast<std::size_t>(rank_)];
+    for (std::size_t q = 0; q < un; ++q) {
+      mine_lens[q] = my_len;
+      mine_offs[q] = static_cast<int>(q) * my_len;
+    }
+    const MPI_Datatype mt = mpi_detail::type_of(t);
+    const std::size_t es = size_of(t), my_bytes = static_cast<std::size_t>(my_len) * es;
+    staging_.resize(my_bytes * (un + 1));  // every rank's slice r, then the reduced slice
+    std::byte* reduced = staging_.data() + my_bytes * un;
+    run(MPI_Ialltoallv(src, lens.data(), offs.data(), mt, staging_.data(), mine_lens.data(), mine_offs.data(), mt,
+                       data_, &req_));
+    reduce_staged(t, static_cast<std::size_t>(my_len), static_cast<std::size_t>(my_len), op, reduced);
+    run(MPI_Iallgatherv(reduced, my_len, mt, dst, lens.data(), offs.data(), mt, data_, &req_));
+  }
+
+  void broadcast(void* dst, std::size_t count, dtype t, int root, comm_stream = {}) {
+    ZSHARD_REQUIRE(root >= 0 && root < size_, error_kind::usage,
+                   "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size_));
+    check_pointers("broadcast", dst, dst, count);
+    if (!begin(detail::collective::broadcast, count, t, reduce_op::sum, root)) return;
+    run(MPI_Ibcast(dst, as_int(count), mpi_detail::type_of(t), root, data_, &req_));
+  }
+
+  void barrier(comm_stream = {}) { begin(detail::collective::barrier, 0, dtype::f32, reduce_op::sum, 0); }
+
+  // The sub-communicator of the ranks that pass the same color, ordered by (key, rank), as
+  // MPI_Comm_split. A collective: every rank calls it (color >= 0). The (color, key) pairs are
+  // all-gathered first through the checked path, so a rank that does not call split fails it
+  // within the timeout instead of blocking in MPI_Comm_split.
+  mpi_comm split(int color, int key) {
+    const std::int32_t mine[2] = {color, key};
+    std::vector<std::int32_t> all(2 * static_cast<std::size_t>(size_));
+    all_gather(mine, all.data(), 2, dtype::f32);  // two int32 as two f32 words: a copy
+    for (int q = 0; q < size_; ++q)
+      ZSHARD_REQUIRE(all[2 * static_cast<std::size_t>(q)] >= 0, error_kind::usage,
+                     "split: rank " + std::to_string(q) + " passed color " +
+                         std::to_string(all[2 * static_cast<std::size_t>(q)]) + "; colors must be >= 0",
+                     "give every rank a group (color); a rank that wants no group can use a group of its own");
+    MPI_Comm sub = MPI_COMM_NULL;
+    current_ = "split (MPI_Comm_split)";
+    check(MPI_Comm_split(data_, color, key, &sub));  // every rank is known to be here
+    try {
+      mpi_comm out(sub, opts_);
+      MPI_Comm_free(&sub);
+      return out;
+    } catch (...) {
+      MPI_Comm_free(&sub);
+      throw;
+    }
+  }
+
+  // Ends this rank's run: tells every peer how many collectives it called, then waits (up to
+  // the timeout) for theirs and checks they agree. A peer still waiting in a collective this
+  // rank never called fails at once, naming this rank. run_mpi() calls it; idempotent.
+  void finish() {
+    if (finished_) return;
+    check_usable("finish");
+    finished_ = true;
+    current_ = "finish (end-of-run handshake)";
+    const auto un = static_cast<std::size_t>(size_);
+    std::vector<MPI_Request> sends(un, MPI_REQUEST_NULL);
+    const std::uint64_t mine = seq_;
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_)
+        check(MPI_Isend(&mine, 1, MPI_UINT64_T, q, mpi_detail::done_tag, ctrl_, &sends[static_cast<std::size_t>(q)]));
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      int sent = 0;
+      check(MPI_Testall(size_, sends.data(), &sent, MPI_STATUSES_IGNORE));
+      poll_notices(/*waiting_seq=*/std::numeric_limits<std::uint64_t>::max());
+      std::string missing;
+      for (int q = 0; q < size_; ++q) {
+        const std::int64_t d = peer_done_[static_cast<std::size_t>(q)];
+        if (q == rank_) continue;
+        if (d < 0)
+          missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        else if (static_cast<std::uint64_t>(d) != mine)
+          fail("finish on rank " + std::to_string(rank_) + ": rank " + std::to_string(q) + " returned after " +
+                   std::to_string(d) + " collectives, this rank after " + std::to_string(mine),
+               "every rank must call the same collectives; one skipped or added some");
+      }
+      if (missing.empty() && sent) return;
+      if (std::chrono::steady_clock::now() - start > opts_.timeout)
+        fail("finish on rank " + std::to_string(rank_) + " timed out after " + std::to_string(opts_.timeout.count()) +
+                 " ms waiting for rank(s) " + (missing.empty() ? std::string("(sends pending)") : missing) +
+                 " to finish",
+             "a rank that is still training, or hangs, keeps the others from ending");
+      mpi_detail::back_off(std::chrono::steady_clock::now() - start, opts_.spin);
+    }
+  }
+
+ private:
+  static int as_int(std::size_t count) {
+    ZSHARD_REQUIRE(count <= static_cast<std::size_t>(std::numeric_limits<int>::max()), error_kind::usage,
+                   "mpi_comm: count " + std::to_string(count) + " exceeds MPI's int counts",
+                   "split the collective into pieces of at most 2^31 - 1 elements");
+    return static_cast<int>(count);
+  }
+
+  void check_usable(const char* what) const {
+    if (!failed_.empty())
+      throw error(
+          error_kind::comm,
+          std::string(what) + " on rank " + std::to_string(rank_) + ": the communicator failed earlier: " + failed_,
+          "the first failure is the root cause; end the job (run_mpi calls MPI_Abort) and fix that one");
+  }
+  void check_pointers(const char* what, const void* src, const void* dst, std::size_t count) const {
+    check_usable(what);
+    if (count != 0 && (src == nullptr || dst == nullptr))
+      throw error(error_kind::usage, std::string(what) + " on rank " + std::to_string(rank_) +
+                                         ": null buffer with count " + std::to_string(count));
+  }
+
+  // Numbers the collective, checks every rank called the same one (check_arguments) and says
+  // whether there is data to move; a count of 0 still synchronises, as on threads.
+  bool begin(detail::collective kind, std::size_t count, dtype t, reduce_op op, int root) {
+    check_usable(detail::to_string(kind));
+    slot_ = detail::comm_slot{kind, seq_++, nullptr, nullptr, count, t, op, root};
+    current_ = detail::describe(slot_);
+    if (opts_.check_arguments) {
+      const mpi_detail::header h{slot_.seq,
+                                 count,
+                                 root,
+                                 static_cast<std::uint8_t>(kind),
+                                 static_cast<std::uint8_t>(t),
+                                 static_cast<std::uint8_t>(op),
+                                 0};
+      headers_.resize(static_cast<std::size_t>(size_));
+      run(MPI_Iallgather(&h, sizeof h, MPI_BYTE, headers_.data(), sizeof h, MPI_BYTE, data_, &req_));
+      std::string diff;
+      for (int q = 0; q < size_; ++q) {
+        const auto& o = headers_[static_cast<std::size_t>(q)];
+        const detail::comm_slot s{static_cast<detail::collective>(o.kind),
+                                  o.seq,
+                                  nullptr,
+                                  nullptr,
+                                  o.count,
+                                  static_cast<dtype>(o.type),
+                                  static_cast<reduce_op>(o.op),
+                                  o.root};
+        if (q == 0 || std::memcmp(&o, &headers_[0], sizeof o) != 0)
+          diff += (q == 0 ? "rank 0 called " : ", rank " + std::to_string(q) + " called ") + detail::describe(s);
+      }
+      if (diff.find(", rank ") != std::string::npos)
+        fail(std::string(detail::to_string(kind)) + " on rank " + std::to_string(rank_) +
+                 ": collective mismatch: " + diff,
+             "every rank must call the same collectives in the same order with the same count, dtype, op and root");
+    } else if (count == 0 || kind == detail::collective::barrier) {
+      run(MPI_Ibarrier(data_, &req_));
+    }
+    return count != 0 && kind != detail::collective::barrier;
+  }
+
+  // Reduces `len` elements of each of size() staged blocks (block q at q * stride) in rank
+  // order into out, with thread_comm's kernel, one chunk at a time.
+  void reduce_staged(dtype t, std::size_t len, std::size_t stride, reduce_op op, void* out) const {
+    detail::visit_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      const T* base = reinterpret_cast<const T*>(staging_.data());
+      T* o = static_cast<T*>(out);
+      for (std::size_t done = 0; done < len; done += detail::reduce_chunk) {
+        const std::size_t m = std::min(detail::reduce_chunk, len - done);
+        const auto src_of = [&](int q) { return base + static_cast<std::size_t>(q) * stride + done; };
+        if (m == detail::reduce_chunk)
+          detail::reduce_block<T, detail::reduce_chunk>(src_of, size_, m, op, o + done);
+        else
+          detail::reduce_block<T, 0>(src_of, size_, m, op, o + done);
+      }
+    });
+  }
+
+  void check(int rc) {
+    if (rc != MPI_SUCCESS)
+      fail(current_ + " on rank " + std::to_string(rank_) + ": " + mpi_detail::error_string(rc),
+           "an MPI call failed: a peer process may have died or the network dropped");
+  }
+  void run(int rc) {
+    check(rc);
+    wait(req_);
+  }
+
+  // Polls `req` to completion, failing on the timeout or when a peer has ended its run
+  // without joining this collective.
+  void wait(MPI_Request& req) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      int done = 0;
+      check(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      if (ctrl_ != MPI_COMM_NULL && spins % 64 == 0) poll_notices(slot_.seq);
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited > opts_.timeout) {
+        fail(current_ + " on rank " + std::to_string(rank_) + " timed out after " +
+                 std::to_string(opts_.timeout.count()) + " ms: " + where_are_peers(),
+             "every rank must call the same collectives in the same order; a rank that skipped one, hangs or "
+             "died stops the others. Raise mpi_options::timeout only if ranks are legitimately slow");
+      }
+      mpi_detail::back_off(waited, opts_.spin);
+    }
+  }
+
+  // Receives peers' "finished after N collectives" notices; one that finished before the
+  // collective this rank waits in (number waiting_seq) will never join it.
+  void poll_notices(std::uint64_t waiting_seq) {
+    answer_probes();
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      check(MPI_Iprobe(MPI_ANY_SOURCE, mpi_detail::done_tag, ctrl_, &flag, &st));
+      if (!flag) break;
+      std::uint64_t n = 0;
+      check(MPI_Recv(&n, 1, MPI_UINT64_T, st.MPI_SOURCE, mpi_detail::done_tag, ctrl_, MPI_STATUS_IGNORE));
+      peer_done_[static_cast<std::size_t>(st.MPI_SOURCE)] = static_cast<std::int64_t>(n);
+    }
+    if (waiting_seq == std::numeric_limits<std::uint64_t>::max()) return;
+    for (int q = 0; q < size_; ++q) {
+      const std::int64_t d = peer_done_[static_cast<std::size_t>(q)];
+      if (d >= 0 && static_cast<std::uint64_t>(d) <= waiting_seq)
+        fail(current_ + " on rank " + std::to_string(rank_) + ": rank " + std::to_string(q) +
+                 " returned (ended its run) after " + std::to_string(d) + " collectives without joining this one",
+             "every rank must call the same collectives; a rank that returns early stops the others");
+    }
+  }
+
+  // Tells a peer that timed out which collective this rank waits in (or that it is finishing).
+  void answer_probes() {
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      check(MPI_Iprobe(MPI_ANY_SOURCE, mpi_detail::probe_tag, ctrl_, &flag, &st));
+      if (!flag) return;
+      std::uint64_t ignored = 0;
+      check(MPI_Recv(&ignored, 1, MPI_UINT64_T, st.MPI_SOURCE, mpi_detail::probe_tag, ctrl_, MPI_STATUS_IGNORE));
+      answers_.push_back(finished_ ? mpi_detail::finishing : slot_.seq);  // a deque: the buffer stays put
+      MPI_Request rq = MPI_REQUEST_NULL;
+      check(MPI_Isend(&answers_.back(), 1, MPI_UINT64_T, st.MPI_SOURCE, mpi_detail::answer_tag, ctrl_, &rq));
+      MPI_Request_free(&rq);
+    }
+  }
+
+  // On a timeout: asks every peer where it is and names them. A rank waiting in any zshard
+  // collective answers at once; one that does not answer within a second is outside them.
+  std::string where_are_peers() {
+    if (ctrl_ == MPI_COMM_NULL) return "the other ranks did not join it";
+    probe_ = slot_.seq;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      MPI_Request rq = MPI_REQUEST_NULL;
+      check(MPI_Isend(&probe_, 1, MPI_UINT64_T, q, mpi_detail::probe_tag, ctrl_, &rq));
+      MPI_Request_free(&rq);
+    }
+    std::vector<std::uint64_t> at(static_cast<std::size_t>(size_), 0);
+    std::vector<bool> answered(static_cast<std::size_t>(size_), false);
+    answered[static_cast<std::size_t>(rank_)] = true;
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::min<std::chrono::milliseconds>(opts_.timeout, std::chrono::milliseconds(1000));
+    while (std::find(answered.begin(), answered.end(), false) != answered.end() &&
+           std::chrono::steady_clock::now() < deadline) {
+      int flag = 0;
+      MPI_Status st;
+      check(MPI_Iprobe(MPI_ANY_SOURCE, mpi_detail::answer_tag, ctrl_, &flag, &st));
+      if (flag) {
+        const auto src = static_cast<std::size_t>(st.MPI_SOURCE);
+        check(MPI_Recv(&at[src], 1, MPI_UINT64_T, st.MPI_SOURCE, mpi_detail::answer_tag, ctrl_, MPI_STATUS_IGNORE));
+        answered[src] = true;
+      }
+      answer_probes();
+      std::this_thread::yield();
+    }
+    std::string silent, same, elsewhere;
+    auto add = [](std::string& list, const std::string& item) { list += (list.empty() ? "" : ", ") + item; };
+    for (int q = 0; q < size_; ++q) {
+      const auto uq = static_cast<std::size_t>(q);
+      if (q == rank_) continue;
+      if (!answered[uq])
+        add(silent, std::to_string(q));
+      else if (at[uq] == slot_.seq)
+        add(same, std::to_string(q));
+      else
+        add(elsewhere, "rank " + std::to_string(q) +
+                           (at[uq] == mpi_detail::finishing ? std::string(" is ending its run")
+                                                            : " waits in collective #" + std::to_string(at[uq])));
+    }
+    std::string out;
+    if (!silent.empty()) out = "rank(s) " + silent + " did not answer (not in a zshard collective: busy, hung or dead)";
+    if (!elsewhere.empty()) out += (out.empty() ? "" : "; ") + elsewhere;
+    if (!same.empty()) out += (out.empty() ? "" : "; ") + std::string("rank(s) ") + same + " wait in it too";
+    return out;
+  }
+
+  [[noreturn]] void fail(const std::string& msg, const std::string& hint) {
+    if (failed_.empty()) failed_ = msg;
+    throw error(error_kind::comm, msg, hint);
+  }
+
+  void take(mpi_comm& o) noexcept {
+    data_ = std::exchange(o.data_, MPI_COMM_NULL);
+    ctrl_ = std::exchange(o.ctrl_, MPI_COMM_NULL);
+    req_ = std::exchange(o.req_, MPI_REQUEST_NULL);
+    rank_ = o.rank_;
+    size_ = o.size_;
+    opts_ = o.opts_;
+    seq_ = o.seq_;
+    slot_ = o.slot_;
+    finished_ = o.finished_;
+    failed_ = std::move(o.failed_);
+    current_ = std::move(o.current_);
+    peer_done_ = std::move(o.peer_done_);
+    staging_ = std::move(o.staging_);
+    headers_ = std::move(o.headers_);
+    answers_ = std::move(o.answers_);
+  }
+  // A failed communicator may have a request in flight: it is left to the MPI_Abort that follows.
+  void release() noexcept {
+    int fin = 1;
+    MPI_Finalized(&fin);
+    if (fin || !failed_.empty()) return;
+    if (data_ != MPI_COMM_NULL) MPI_Comm_free(&data_);
+    if (ctrl_ != MPI_COMM_NULL) MPI_Comm_free(&ctrl_);
+  }
+
+  MPI_Comm data_ = MPI_COMM_NULL, ctrl_ = MPI_COMM_NULL;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  int rank_ = 0, size_ = 1;
+  mpi_options opts_{};
+  std::uint64_t seq_ = 0;
+  detail::comm_slot slot_{};
+  bool finished_ = false;
+  std::string failed_, current_;
+  std::vector<std::int64_t> peer_done_;  // collectives each peer called before finishing, -1: running
+  std::vector<std::byte> staging_;
+  std::vector<mpi_detail::header> headers_;
+  std::uint64_t probe_ = 0;            // what a timed-out rank sends its peers
+  std::deque<std::uint64_t> answers_;  // answers in flight (MPI_Isend buffers)
+};
+
+static_assert(check_communicator<mpi_comm>());
+
+}  // namespace zshard

@@ -1,0 +1,95 @@
+// The MPI communicator's errors, as thread_comm gives them: ranks that call different
+// collectives all fail with a message naming each rank's call, bad arguments are usage errors
+// on the calling rank, and a failed communicator refuses further use. (Whole-job failures, a
+// rank that throws, returns early or hangs, are process-level: tests/mpi/failure_driver.cpp.)
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "mpi_test_support.hpp"
+#include "zshard/comm/mpi_comm.hpp"
+
+using namespace zshard;
+
+namespace {
+
+template <class F>
+std::string comm_error(F&& f) {
+  try {
+    f();
+  } catch (const error& e) {
+    if (e.kind() != error_kind::comm) return "wrong kind: " + std::string(e.what());
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("ranks that disagree on a collective's arguments fail on every rank, naming each call") {
+  mpi_comm probe(MPI_COMM_WORLD, mpi_test::options());
+  if (probe.size() < 2) return;
+  const int r = probe.rank();
+  std::vector<float> a(16), b(16 * static_cast<std::size_t>(probe.size()));
+
+  SUBCASE("different counts") {
+    mpi_comm c(MPI_COMM_WORLD, mpi_test::options());
+    const std::string msg = comm_error([&] { c.all_gather(a.data(), b.data(), r == 1 ? 3 : 2, dtype::f32); });
+    CHECK(msg.find("collective mismatch: rank 0 called all_gather(count=2, f32) as collective #0") !=
+          std::string::npos);
+    CHECK(msg.find("rank 1 called all_gather(count=3, f32) as collective #0") != std::string::npos);
+    CHECK(c.failed());
+    const std::string again = comm_error([&] { c.barrier(); });
+    CHECK(again.find("failed earlier") != std::string::npos);
+  }
+  SUBCASE("a skipped collective") {
+    mpi_comm c(MPI_COMM_WORLD, mpi_test::options());
+    const std::string msg = comm_error([&] {
+      if (r != 1) c.barrier();
+      c.all_reduce(a.data(), a.data(), 4, dtype::f32, reduce_op::sum);
+    });
+    CHECK(msg.find("collective mismatch") != std::string::npos);
+    CHECK(msg.find("rank 1 called all_reduce(count=4, f32, sum) as collective #0") != std::string::npos);
+    // the ranks that did not skip block in nothing: every rank saw the mismatch at its first call
+  }
+  SUBCASE("different op, dtype or root") {
+    mpi_comm c1(MPI_COMM_WORLD, mpi_test::options()), c2(MPI_COMM_WORLD, mpi_test::options()),
+        c3(MPI_COMM_WORLD, mpi_test::options());
+    CHECK(comm_error([&] {
+            c1.all_reduce(a.data(), a.data(), 4, dtype::f32, r == 1 ? reduce_op::max : reduce_op::sum);
+          }).find("rank 1 called all_reduce(count=4, f32, max)") != std::string::npos);
+    CHECK(comm_error([&] {
+            c2.all_reduce(a.data(), a.data(), 4, r == 1 ? dtype::bf16 : dtype::f32, reduce_op::sum);
+          }).find("rank 1 called all_reduce(count=4, bf16, sum)") != std::string::npos);
+    CHECK(comm_error([&] {
+            c3.broadcast(a.data(), 4, dtype::f32, r == 1 ? 1 : 0);
+          }).find("rank 1 called broadcast(count=4, f32, root=1)") != std::string::npos);
+  }
+  probe.barrier();
+}
+
+TEST_CASE("bad arguments are usage errors on the calling rank, before any communication") {
+  mpi_comm c(MPI_COMM_WORLD, mpi_test::options());
+  const int w = c.size();
+  std::vector<float> a(64);
+  auto usage = [](auto&& f) {
+    try {
+      f();
+    } catch (const error& e) {
+      return e.kind() == error_kind::usage;
+    }
+    return false;
+  };
+  CHECK(usage([&] { c.reduce_scatter(a.data(), a.data(), 1, dtype::f32, reduce_op::max); }));
+  CHECK(usage([&] { c.broadcast(a.data(), 1, dtype::f32, w); }));
+  CHECK(usage([&] { c.broadcast(a.data(), 1, dtype::f32, -1); }));
+  CHECK(usage([&] { c.all_reduce(nullptr, a.data(), 1, dtype::f32, reduce_op::sum); }));
+  CHECK(usage([&] { c.all_reduce(a.data(), a.data() + 1, 4, dtype::f32, reduce_op::sum); }));
+  if (w > 1) CHECK(usage([&] { c.all_gather(a.data() + 1, a.data(), 2, dtype::f32); }));
+  // A negative color is found after the (color, key) gather, on every rank alike: all ranks
+  // throw the same usage error and the communicator stays consistent.
+  CHECK(usage([&] { (void)c.split(c.rank() == 0 ? -2 : 0, 0); }));
+  CHECK_FALSE(c.failed());
+  c.barrier();  // none of the above left a collective half-done
+}
