@@ -126,8 +126,9 @@ void check_two_comms(int world, std::size_t bucket, bool tight) {
       CHECK(reduce_comm.calls(collective::all_reduce) > 0);  // replicated biases
       CHECK(reduce_comm.calls(collective::all_gather) == 0);
       CHECK(comm.calls(collective::reduce_scatter) == 0);
-      CHECK(comm.calls(collective::all_reduce) == 2);  // one global statistic per step
-      CHECK(comm.calls(collective::all_gather) > construction_gathers);
+      // The step's statistics travel with the ranks' schedule check, one all_gather per step.
+      CHECK(comm.calls(collective::all_reduce) == 0);
+      CHECK(comm.calls(collective::all_gather) > construction_gathers + 2);
       for (param_id p = 0; p < spec.params().size(); ++p) params.push_back(eng.gather_param(p));
     }
     std::lock_guard lock(mu);

@@ -82,9 +82,9 @@ TEST_CASE("ranks with different models or schedule-shaping settings fail at cons
   auto differ = o;
   if (r == 1) differ.model.layers += 1;
   const std::string model_msg = construct(differ);
-  CHECK(model_msg.find("registered different models or partition settings") != std::string::npos);
+  CHECK(model_msg.find("ranks disagree on the model") != std::string::npos);
   auto threshold = o;
   if (r == 1) threshold.engine.partition.persistence_threshold_numel += 1;
-  CHECK(construct(threshold).find("registered different models") != std::string::npos);
+  CHECK(construct(threshold).find("ranks disagree on partition.persistence_threshold_numel") != std::string::npos);
   probe.barrier();
 }

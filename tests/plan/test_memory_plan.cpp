@@ -88,17 +88,20 @@ TEST_CASE("plan: closed-form terms of a one-module model") {
   CHECK(plan.device.peak_of(mem_category::gathered_params) == 12 * 4);
   CHECK(plan.device.peak_of(mem_category::grad_buckets) == 12 * 4);
   CHECK(plan.device.peak_of(mem_category::activations) == 100);
-  CHECK(plan.device.peak_of(mem_category::scratch) == (2 + 2 * 3) * 4);  // the cross-rank model check
-  // Backward: gathered + full gradient + reduce output + activations, on top of the shards.
+  // The cross-rank settings check at construction: one exchange of every schedule-shaping
+  // setting, send and receive buffers at once (8 bytes a setting, per rank and once more).
+  const std::size_t settings_check = 8 * schedule_settings(spec, cfg, {}, 3).size() * (1 + 3);
+  CHECK(plan.device.peak_of(mem_category::scratch) == settings_check);
   // Backward entry: gathered + full gradient + activations, on top of the constant terms; the
-  // gradient waits in the (default, large) bucket until end_backward.
-  CHECK(plan.device.total_peak == 16 + 48 + 16 + 48 + 48 + 100);
-  CHECK(plan.device.peak_phase == "step 1: backward of m");
+  // gradient waits in the (default, large) bucket until end_backward. The settings check at
+  // initialization (with the constant terms) may be larger on a model this small.
+  const std::size_t at_init = 16 + 48 + 16 + settings_check, backward = 16 + 48 + 16 + 48 + 48 + 100;
+  CHECK(plan.device.total_peak == std::max(at_init, backward));
+  CHECK(plan.device.peak_phase == (backward >= at_init ? "step 1: backward of m" : "initialization"));
   // A bucket it fills is reduced as the scope closes: the reduce output joins the peak.
   cfg.reduce.reduce_bucket_numel = 12;
   const memory_plan flushing = plan_memory(spec, cfg, 3, schedule);
-  CHECK(flushing.device.total_peak == 16 + 48 + 16 + 48 + 48 + 16 + 100);
-  CHECK(flushing.device.peak_phase == "step 1: closing backward of m: reduce-scatter of w");
+  CHECK(flushing.device.total_peak == std::max(at_init, backward + 16));
   CHECK(plan.max_gathered_numel == 12);
   CHECK(plan.host.total_peak == 0);
 

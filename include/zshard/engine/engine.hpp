@@ -328,6 +328,7 @@ class engine {
     scaler_ = scaler;
     lr_ = s.lr;
     step_ = s.step;
+    if constexpr (requires { offloader_.set_update_counts(s.step); }) offloader_.set_update_counts(s.step);
   }
 
   const model_spec& spec() const noexcept { return spec_; }

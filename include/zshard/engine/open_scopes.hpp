@@ -14,6 +14,15 @@
 
 namespace zshard {
 
+// A backward scope of m while another backward scope of m is open: its gradient buffers are the
+// open scope's, so the engine refuses it (and the planner refuses such a schedule alike).
+[[noreturn]] inline void throw_nested_backward(const model_spec& spec, module_id m) {
+  throw error(error_kind::usage,
+              "backward scope of module '" + spec.module(m).name + "' opened while another backward scope of it is open",
+              "close the first backward(m) scope before opening another; a module used twice runs its two backward "
+              "scopes one after the other");
+}
+
 // Scopes are linked through their own prev/next pointers (no allocation, a few stores per scope).
 template <class Scope>
 class scope_registry {
@@ -23,11 +32,7 @@ class scope_registry {
   // Before a scope of m opens: a nested backward scope of m is refused.
   void check_can_open(const model_spec& spec, module_id m, bool backward) const {
     if (backward && backward_open_[m] != 0) [[unlikely]]
-      throw error(error_kind::usage,
-                  "backward scope of module '" + spec.module(m).name +
-                      "' opened while another backward scope of it is open",
-                  "close the first backward(m) scope before opening another; a module used twice runs its two "
-                  "backward scopes one after the other");
+      throw_nested_backward(spec, m);
   }
   void opened(Scope* s, module_id m, bool backward) noexcept {
     s->prev_ = nullptr;

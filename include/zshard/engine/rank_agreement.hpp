@@ -30,6 +30,13 @@ struct global_grad_stats {
   bool overflow = false;   // an Inf/NaN gradient element on some rank
 };
 
+// Scratch an exchange of `words` 64-bit words holds at once (its send and receive buffers), and
+// the words the step's exchange carries: what the planner charges for them.
+constexpr std::size_t exchange_scratch_bytes(std::size_t words, int world) {
+  return 8 * words * (1 + static_cast<std::size_t>(world));
+}
+inline constexpr std::size_t step_exchange_words = 4;  // fingerprint, scope count, sum of squares, overflow
+
 template <class Backend, class Comm>
 class rank_agreement {
  public:
@@ -79,6 +86,7 @@ class rank_agreement {
   global_grad_stats at_step(const grad_stats& local, const schedule_fingerprint& fp) {
     const std::vector<std::uint64_t> mine = {fp.value(), fp.scopes(), std::bit_cast<std::uint64_t>(local.sum_squares),
                                              local.nonfinite ? 1u : 0u};
+    static_assert(step_exchange_words == 4);
     // Tagged without the hash: ranks whose schedules differ still meet here, and find where.
     const auto all = exchange(mine, {collective_use::step_check});
     const std::size_t world = static_cast<std::size_t>(comm_.size());

@@ -99,6 +99,14 @@ class on_device_impl {
     }
   }
 
+  // A restored run (a checkpoint records the engine's step count): every parameter's own update
+  // count, its AdamW bias correction, continues from `steps`. Exact when every parameter had a
+  // gradient in every step before the save; a parameter that skipped steps resumes at the
+  // engine's count (per-parameter counts are not in the checkpoint format yet).
+  void set_update_counts(std::int64_t steps) {
+    for (auto& st : state_) st.steps = steps;
+  }
+
   void discard_grads() {
     for (auto& st : state_) {
       if (st.grad) store_.backend().fill_zero(st.grad.data(), st.grad.bytes(), compute());

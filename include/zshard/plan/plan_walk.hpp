@@ -42,6 +42,8 @@
 #include <vector>
 
 #include "zshard/engine/engine_config.hpp"
+#include "zshard/engine/open_scopes.hpp"
+#include "zshard/engine/settings_check.hpp"
 #include "zshard/model/model_spec.hpp"
 #include "zshard/optim/adamw_dispatch.hpp"
 #include "zshard/partition/partitioner.hpp"
@@ -133,7 +135,8 @@ class plan_walk {
       charge(mem_category::grad_shards, 4 * trainable_shards);
     }
     if (opt_.initialization) {
-      const std::size_t check = (2 + 2 * std::size_t(world_)) * 4, staging = 4 * largest_shard;
+      const std::size_t check = exchange_scratch_bytes(schedule_settings(spec_, cfg_, layouts_, world_).size(), world_);
+      const std::size_t staging = 4 * largest_shard;
       transient(mem_category::scratch, std::max(check, staging));
     }
   }
@@ -160,7 +163,7 @@ class plan_walk {
     }
     here_ = {s, at, prog.events.size(), 3, 0};
     tracker_.on_step();
-    transient(mem_category::scratch, 3 * sizeof(float));  // global gradient statistics
+    transient(mem_category::scratch, exchange_scratch_bytes(step_exchange_words, world_));  // ranks agree, grad stats
     mirror_.end_step();
     release_unpinned();
     ++steps_;
@@ -250,6 +253,10 @@ class plan_walk {
   }
 
   void open(module_id m, scope_kind k) {
+    if (k == scope_kind::backward) {
+      if (backward_open_.empty()) backward_open_.assign(spec_.modules().size(), 0);
+      if (backward_open_[m] != 0) throw_nested_backward(spec_, m);
+    }
     if (k == scope_kind::backward)
       tracker_.on_backward(m);
     else
@@ -270,6 +277,7 @@ class plan_walk {
                    "close enclosing scopes sooner, or raise max_live_numel");
     set(mem_category::gathered_params, gathered_bound());
     if (k != scope_kind::backward) return;
+    ++backward_open_[m];
     for (param_id p : params(m)) {
       if (!trainable(p) || full_grad_[p]) continue;
       full_grad_[p] = true;
@@ -279,6 +287,7 @@ class plan_walk {
 
   void close(module_id m, bool backward) {
     if (backward) {
+      --backward_open_[m];
       completed_.clear();
       tracker_.on_backward_done(m, completed_);
       for (param_id p : completed_) grad_ready(p);
@@ -433,6 +442,7 @@ class plan_walk {
   std::vector<swept_use> swept_;
   std::vector<bool> full_grad_;
   std::size_t pending_numel_ = 0, export_scratch_ = 0, max_gathered_numel_ = 0;
+  std::vector<int> backward_open_;  // open backward scopes per module (nested ones are refused)
   memory_ledger ledger_{"device (plan)"};
   where here_{}, peak_at_{};
   std::size_t peak_seen_ = 0;
