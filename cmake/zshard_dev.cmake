@@ -117,9 +117,22 @@ function(zshard_add_test)
   set_tests_properties(${ARG_NAME} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
 endfunction()
 
+# ZSHARD_NATIVE: benches and examples target this machine's CPU (see CMakeLists.txt).
+add_library(zshard_native_flags INTERFACE)
+if(ZSHARD_NATIVE)
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag(-march=native ZSHARD_HAVE_MARCH_NATIVE)
+  if(ZSHARD_HAVE_MARCH_NATIVE)
+    target_compile_options(zshard_native_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+    message(STATUS "zshard: examples and benches built for this machine (-march=native; ZSHARD_NATIVE=OFF for portable binaries)")
+  else()
+    message(STATUS "zshard: the compiler does not take -march=native: examples and benches stay portable")
+  endif()
+endif()
+
 # zshard_add_program(NAME <name> SOURCES <files...>) for benches and examples.
 function(zshard_add_program)
   cmake_parse_arguments(ARG "" "NAME" "SOURCES;LIBS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SOURCES})
-  target_link_libraries(${ARG_NAME} PRIVATE zshard::zshard zshard_dev_flags ${ARG_LIBS})
+  target_link_libraries(${ARG_NAME} PRIVATE zshard::zshard zshard_dev_flags zshard_native_flags ${ARG_LIBS})
 endfunction()
