@@ -11,6 +11,7 @@
 //   memcpy   S / t_memcpy              one thread copying S bytes
 //   ratio    moved / memcpy            > 1: the ranks together beat one copying thread
 // Key figure allgather_vs_memcpy = median over all all_gather rows of ratio.
+// A second section (thread_latency.hpp) times small collectives: thread_allreduce_small_us.
 //
 // Usage: comm_bandwidth [--quick]
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "thread_latency.hpp"
 #include "zshard/comm/thread_comm.hpp"
 
 namespace {
@@ -134,7 +136,10 @@ int main(int argc, char** argv) {
   std::vector<double> memcpy_rates;
   for (const row& r : rows) memcpy_rates.push_back(static_cast<double>(r.bytes) / r.memcpy_seconds / 1e9);
 
+  const double small_us = thread_latency::print_small_collectives(quick);
+
   std::printf("\n");
+  std::printf("thread_allreduce_small_us: %.2f\n", small_us);
   std::printf("memcpy_gbps: %.2f\n", median(memcpy_rates));
   std::printf("allgather_algbw_gbps_2ranks: %.2f\n", collect(op_kind::all_gather, 2, false));
   std::printf("allgather_algbw_gbps_4ranks: %.2f\n", collect(op_kind::all_gather, 4, false));
