@@ -4,7 +4,9 @@
 // a module's full parameters exist only while its scope is open.
 //
 // Prints per step: loss (averaged over ranks), tokens/s, and the per-rank peak bytes by
-// memory-ledger category; at the end a per-rank peak table. Run with --help for options.
+// memory-ledger category; at the end a per-rank peak table. With --profile, also where a
+// step's time goes (the model's compute, zshard's engine, communication, the optimizer), per
+// log interval on rank 0 and per rank at the end. Run with --help for options.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,6 +39,7 @@ struct options {
   std::string text;
   std::uint64_t seed = 1234;
   std::size_t persistence_threshold = 1024;  // biases and layer-norm gains stay replicated
+  bool profile = false;
   bool help = false;
 };
 
@@ -60,7 +63,8 @@ void usage() {
       "  --eval-every N     no-grad evaluation pass every N steps, 0 = never (default 25)\n"
       "  --log-every N      print a step line every N steps (default 10)\n"
       "  --text FILE        train on the bytes of FILE instead of the synthetic language\n"
-      "  --seed N           initialisation and data seed (default 1234)\n");
+      "  --seed N           initialisation and data seed (default 1234)\n"
+      "  --profile          print the share of a step in compute, engine, communication and optimizer\n");
 }
 
 options parse(int argc, char** argv) {
@@ -94,6 +98,7 @@ options parse(int argc, char** argv) {
     else if (a == "--log-every") o.log_every = positive(a, value(i));
     else if (a == "--text") o.text = value(i);
     else if (a == "--seed") o.seed = std::stoull(value(i));
+    else if (a == "--profile") o.profile = true;
     else throw std::invalid_argument("unknown option '" + a + "' (try --help)");
   }
   if (o.ranks > 64) throw std::invalid_argument("--ranks: at most 64 thread ranks");
@@ -158,22 +163,40 @@ int main(int argc, char** argv) try {
   std::vector<peak_row> step_peaks(static_cast<std::size_t>(o.ranks)), run_peaks(static_cast<std::size_t>(o.ranks));
   double first_loss = 0, last_loss = 0;
 
+  std::vector<gpt::step_profile> profiles(static_cast<std::size_t>(o.ranks));
+
   zshard::run_ranks(o.ranks, [&](zshard::thread_comm& comm) {
     const int rank = comm.rank();
+    // The engine's collectives go through a timing wrapper (the loop's own loss average and
+    // barriers below use `comm` directly and are not part of a step).
+    double comm_seconds = 0;
+    gpt::timed_comm<zshard::thread_comm> engine_comm(comm, comm_seconds);
     zshard::host_backend backend(std::nullopt, "rank " + std::to_string(rank));
-    zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, model.spec, cfg);
+    zshard::engine<zshard::host_backend, gpt::timed_comm<zshard::thread_comm>> eng(backend, engine_comm, model.spec, cfg);
     gpt::zshard_gpt_runner<decltype(eng)> runner(eng, model, o.checkpoint);
+    gpt::step_profile interval, whole;  // this rank's, since the last log line / over the run
+    if (o.profile) runner.time_compute_into(&interval.compute);
     const int T = mc.seq_len;
     auto clock_start = std::chrono::steady_clock::now();
     for (int step = 1; step <= o.steps; ++step) {
       backend.ledger().reset_peaks();
       double loss = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      const double comm0 = comm_seconds;
       for (int mb = 0; mb < o.micro_batches; ++mb) {
         // global batch = all ranks' rows; this rank takes its own rows of it
         const std::uint64_t index = std::uint64_t(step - 1) * std::uint64_t(o.micro_batches) + std::uint64_t(mb);
         loss += runner.train_micro_batch(data.get_rows(index, rank * o.batch, o.batch, T));
       }
+      const auto t1 = std::chrono::steady_clock::now();
+      const double comm1 = comm_seconds;
       const zshard::step_report rep = eng.step();
+      const auto t2 = std::chrono::steady_clock::now();
+      interval.total += std::chrono::duration<double>(t2 - t0).count();
+      interval.optimizer += std::chrono::duration<double>(t2 - t1).count();
+      interval.comm += comm_seconds - comm0;
+      interval.comm_in_step += comm_seconds - comm1;
+      ++interval.steps;
       float mean_loss = float(loss / o.micro_batches);
       comm.all_reduce(&mean_loss, &mean_loss, 1, zshard::dtype::f32, zshard::reduce_op::average);
       {
@@ -206,20 +229,41 @@ int main(int argc, char** argv) try {
                       mib(p.by_category[3]).c_str(), mib(p.by_category[4]).c_str(), mib(p.by_category[5]).c_str(),
                       mib(p.total).c_str(), mib(max_total).c_str());
           if (!rep.swept.empty()) std::printf("  note: %zu module use(s) swept without backward\n", rep.swept.size());
+          if (o.profile) interval.print("  rank 0 step time: ");
           std::fflush(stdout);
           clock_start = std::chrono::steady_clock::now();
         }
       }
       comm.barrier();  // rank 0 has read the peaks before they are overwritten
+      if (rank != 0 || step % o.log_every == 0 || step == 1 || step == o.steps) {  // rank 0 printed it
+        whole += interval;
+        interval.clear();
+      }
       if (o.eval_every > 0 && step % o.eval_every == 0) {
-        // batches the training loop never draws (indices past its range)
+        // batches the training loop never draws (indices past its range); not part of a step
+        runner.time_compute_into(nullptr);
+        const double comm_before_eval = comm_seconds;
         float eval_loss = float(runner.evaluate(data.get_rows(1'000'000 + std::uint64_t(step), rank * o.batch, o.batch, T)));
+        comm_seconds = comm_before_eval;
+        if (o.profile) runner.time_compute_into(&interval.compute);
         comm.all_reduce(&eval_loss, &eval_loss, 1, zshard::dtype::f32, zshard::reduce_op::average);
         if (rank == 0) std::printf("  eval (no-grad pass) loss %.4f\n", eval_loss);
       }
     }
+    whole += interval;
+    std::lock_guard lock(mu);
+    profiles[static_cast<std::size_t>(rank)] = whole;
   });
   print_peak_table(run_peaks);
+  if (o.profile) {
+    std::printf("\nwhere a step's time goes, per rank (compute: the model's math; engine: zshard's scopes and\n"
+                "memory traffic; communication: collectives, waiting for peers included; optimizer: step()\n"
+                "without its collectives)\n");
+    for (std::size_t r = 0; r < profiles.size(); ++r) {
+      const std::string prefix = "  rank " + std::to_string(r) + ": ";
+      profiles[r].print(prefix.c_str());
+    }
+  }
   std::printf("\nloss %.4f -> %.4f over %d steps (%s)\n", first_loss, last_loss, o.steps,
               last_loss < first_loss ? "falling" : "NOT falling");
   return last_loss < first_loss ? 0 : 1;
