@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "equivalence_check.hpp"
 #include "zshard/plan/llama_shape.hpp"
@@ -66,26 +67,45 @@ TEST_CASE("packed replicated gradients: bit for bit the unpacked result, equal t
   }
 }
 
-TEST_CASE("packed replicated gradients: the plan charges the packed bucket as the ledger does") {
+TEST_CASE("packed replicated gradients: the plan charges the packs as the ledger does, for any pack size") {
   const auto model = plan::build_transformer({"tiny", 2, 64, 160, 4, 2, 96, false});
   const auto schedule = plan::transformer_schedule(model, {.micro_batch = 1, .seq_len = 8, .checkpoint = false});
-  engine_config cfg;
-  cfg.partition.persistence_threshold_numel = 1000;  // gains, biases and small matrices replicated
-  const int world = 2;
-  const plan::memory_plan plan = plan::plan_memory(model.spec, cfg, world, schedule);
-  std::mutex mu;
-  std::size_t measured = 0, collectives = 0, replicated = 0;
-  run_ranks(world, [&](thread_comm& comm) {
-    host_backend backend;
-    engine<host_backend, thread_comm> eng(backend, comm, model.spec, cfg);
-    plan::run_step(eng, schedule);
-    std::lock_guard lock(mu);
-    measured = backend.ledger().peak(mem_category::grad_buckets);
-    collectives = eng.reducer().collectives();
-    replicated = 0;
-    for (param_id p = 0; p < model.spec.params().size(); ++p) replicated += eng.layout(p).replicated ? 1 : 0;
-  });
-  REQUIRE(replicated >= 4);
-  CHECK(collectives == model.spec.params().size() - replicated + 1);  // one all-reduce for all replicated
-  CHECK(plan.device.peak[std::size_t(mem_category::grad_buckets)] == measured);
+  // 0: nothing packed; 130: packs of two 64-element gains or biases (and of one where the next does not fit);
+  // 300: packs of a few; the default: one pack per flush
+  for (std::size_t pack : {std::size_t{0}, std::size_t{130}, std::size_t{300}, reduce_config{}.replicated_pack_numel}) {
+    engine_config cfg;
+    cfg.partition.persistence_threshold_numel = 1000;  // gains, biases and small matrices replicated
+    cfg.reduce.replicated_pack_numel = pack;
+    const int world = 2;
+    const plan::memory_plan plan = plan::plan_memory(model.spec, cfg, world, schedule);
+    std::mutex mu;
+    std::size_t measured = 0, collectives = 0, replicated = 0;
+    std::vector<std::vector<float>> params;
+    run_ranks(world, [&](thread_comm& comm) {
+      host_backend backend;
+      engine<host_backend, thread_comm> eng(backend, comm, model.spec, cfg);
+      plan::run_step(eng, schedule);
+      std::vector<std::vector<float>> mine;
+      for (param_id p = 0; p < model.spec.params().size(); ++p) mine.push_back(eng.gather_param(p));
+      std::lock_guard lock(mu);
+      measured = backend.ledger().peak(mem_category::grad_buckets);
+      collectives = eng.reducer().collectives();
+      replicated = 0;
+      for (param_id p = 0; p < model.spec.params().size(); ++p) replicated += eng.layout(p).replicated ? 1 : 0;
+      params = std::move(mine);
+    });
+    INFO("replicated_pack_numel " << pack);
+    REQUIRE(replicated >= 4);
+    if (pack == 0) CHECK(collectives == model.spec.params().size());
+    if (pack == reduce_config{}.replicated_pack_numel)
+      CHECK(collectives == model.spec.params().size() - replicated + 1);  // one all-reduce for all replicated
+    if (pack == 130 || pack == 300) {
+      CHECK(collectives < model.spec.params().size());
+      CHECK(collectives > model.spec.params().size() - replicated + 1);
+    }
+    CHECK(plan.device.peak[std::size_t(mem_category::grad_buckets)] == measured);
+    static std::vector<std::vector<float>> first;  // every pack size trains the same parameters
+    if (pack == 0) first = params;
+    else CHECK(params == first);
+  }
 }

@@ -167,7 +167,7 @@ TEST_CASE("trace prefetcher: reuse advice from the index equals a scan of the tr
     for (int i = 0; i < 25; ++i) order.push_back(module_id(rng() % spec.modules().size()));
 
     prefetch::trace t;
-    t.reset(spec, layouts, cfg);
+    t.reset(spec, layouts, cfg.prefetch, log_sink{});
     std::vector<param_id> ahead;
     for (module_id m : order) t.on_scope_enter(m, use_kind::counted, ahead);
     t.on_step();

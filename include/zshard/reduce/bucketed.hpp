@@ -9,11 +9,12 @@
 //
 // Replicated parameters (biases, norm gains: at most persistence_threshold_numel each) are
 // all-reduced, not reduce-scattered. One collective each would pay a rendezvous (thread_comm)
-// or a launch (NCCL) per tiny tensor, so when a flush holds two or more they are packed into
-// one staging bucket and all-reduced once: each gradient is copied in and freed at once, so
-// the flush's peak is the bucket plus the packed replicated part (the memory planner charges
-// exactly that, grad_buckets). The packed reduction averages each element over ranks as the
-// single ones did, so results are unchanged.
+// or a launch (NCCL) per tiny tensor, so the small ones (at most replicated_pack_numel
+// elements) are packed in flush order into staging buffers of at most replicated_pack_numel
+// elements and each pack is all-reduced once; each gradient is freed as soon as it is copied.
+// The flush's peak is the bucket plus one pack, a bounded amount the memory planner charges
+// exactly as the ledger sees it (grad_buckets). Averaging is element-wise, so packed results
+// equal unpacked ones bit for bit.
 //
 // Reductions run on the reduce stream, after the compute work that wrote the gradients; the
 // reduced shard goes to the sink on that stream and the full gradient is freed there.
@@ -28,7 +29,7 @@ template <class Backend, class Comm>
 class bucketed_reducer {
  public:
   bucketed_reducer(param_store<Backend>& store, Comm& comm, const reduce_config& cfg)
-      : store_(store), comm_(comm), bucket_numel_(cfg.reduce_bucket_numel) {
+      : store_(store), comm_(comm), bucket_numel_(cfg.reduce_bucket_numel), pack_numel_(cfg.replicated_pack_numel) {
     pending_.reserve(store.size());
   }
 
@@ -43,19 +44,25 @@ class bucketed_reducer {
     if (pending_numel_ >= bucket_numel_) flush(sink);
   }
 
-  // Replicated gradients first (packed when there are several), then the reduce-scatters in
-  // the order the gradients arrived.
+  // Packs of small replicated gradients first (a pack of one is all-reduced in place), then
+  // every other gradient in the order it arrived.
   template <class Sink>
   void flush(Sink& sink) {
-    std::size_t replicated = 0, packed_numel = 0;
-    for (param_id p : pending_)
-      if (store_[p].layout.replicated) {
-        ++replicated;
-        packed_numel += store_[p].layout.numel;
+    std::size_t begin = 0, numel = 0, count = 0;
+    for (std::size_t i = 0; i < pending_.size(); ++i) {
+      if (!packable(pending_[i])) continue;
+      const std::size_t n = store_[pending_[i]].layout.numel;
+      if (count > 0 && numel + n > pack_numel_) {
+        reduce_pack(begin, i, numel, count, sink);
+        numel = count = 0;
       }
-    if (replicated >= 2) reduce_packed(packed_numel, sink);
+      if (count == 0) begin = i;
+      numel += n;
+      ++count;
+    }
+    if (count > 0) reduce_pack(begin, pending_.size(), numel, count, sink);
     for (param_id p : pending_)
-      if (replicated < 2 || !store_[p].layout.replicated) reduce_one(p, sink);
+      if (store_[p].full_grad) reduce_one(p, sink);
     pending_.clear();
     pending_numel_ = 0;
   }
@@ -65,29 +72,41 @@ class bucketed_reducer {
   std::size_t collectives() const noexcept { return collectives_; }
 
  private:
+  bool packable(param_id p) const {
+    const auto& s = store_[p];
+    return s.layout.replicated && s.full_grad && s.layout.numel <= pack_numel_;
+  }
+
+  // The packable gradients among pending_[begin, end): `count` of them, `numel` elements.
   template <class Sink>
-  void reduce_packed(std::size_t numel, Sink& sink) {
+  void reduce_pack(std::size_t begin, std::size_t end, std::size_t numel, std::size_t count, Sink& sink) {
+    if (count == 1) {
+      for (std::size_t i = begin; i < end; ++i)
+        if (packable(pending_[i])) return reduce_one(pending_[i], sink);
+    }
     auto& streams = store_.streams();
     streams.order(stream_role::reduce, stream_role::compute);
     auto& on = streams.on(stream_role::reduce);
     buffer<Backend> packed(store_.backend(), dtype::f32, numel, mem_category::grad_buckets, on);
     float* dst = packed.template as<float>();
+    std::vector<param_id>& members = members_;
+    members.clear();
     std::size_t at = 0;
-    for (param_id p : pending_) {
+    for (std::size_t i = begin; i < end && members.size() < count; ++i) {
+      const param_id p = pending_[i];
+      if (!packable(p)) continue;
       auto& s = store_[p];
-      if (!s.layout.replicated) continue;
       store_.backend().copy(dst + at, s.full_grad.data(), s.layout.numel * sizeof(float), on);
       s.full_grad.reset_on(on);
+      members.push_back(p);
       at += s.layout.numel;
     }
     comm_.all_reduce(dst, dst, numel, dtype::f32, reduce_op::average, streams.collective_on(stream_role::reduce));
     ++collectives_;
     at = 0;
-    for (param_id p : pending_) {
-      const auto& s = store_[p];
-      if (!s.layout.replicated) continue;
-      sink.accumulate_grad(p, dst + at, s.layout.numel, on);
-      at += s.layout.numel;
+    for (param_id p : members) {
+      sink.accumulate_grad(p, dst + at, store_[p].layout.numel, on);
+      at += store_[p].layout.numel;
     }
     packed.reset_on(on);
   }
@@ -119,6 +138,8 @@ class bucketed_reducer {
   param_store<Backend>& store_;
   Comm& comm_;
   std::size_t bucket_numel_;
+  std::size_t pack_numel_;
+  std::vector<param_id> members_;  // the gradients of the pack being reduced (kept: no allocation per flush)
   std::vector<param_id> pending_;
   std::size_t pending_numel_ = 0;
   std::size_t collectives_ = 0;
