@@ -11,10 +11,10 @@
 // is ordered by the mutex taken in the rendezvous, or by the generation counter its last rank
 // publishes (release) and waiters observe (acquire), which keeps ThreadSanitizer quiet.
 //
-// Waiting: a rank that arrives early spins on the generation counter for a few tens of
-// microseconds before it sleeps on the condition variable (briefly spinning, then yielding its
-// core to whoever is runnable), so a small collective between ranks that arrive close together
-// costs a few microseconds instead of two futex wake-ups (13-43 us each).
+// Waiting: a rank that arrives early spins on the generation counter for a few microseconds
+// before it sleeps on the condition variable, so a small collective between ranks that arrive
+// together costs a few microseconds instead of two futex wake-ups (13-43 us each). Ranks that
+// outnumber the hardware threads never spin.
 // Reductions accumulate a chunk in f32 on the stack and store it once, straight into the
 // output (reduce_scatter: this rank's dst; all_reduce: this rank's dst, then copied to peers').
 //
@@ -44,9 +44,10 @@ inline constexpr std::chrono::milliseconds default_comm_timeout{60'000};
 
 namespace detail {
 
-// How long a rank that arrived early spins before it sleeps: long enough to cover a peer that
-// is a little behind, short enough that a rank waiting on a slow peer gives its core back.
-inline constexpr std::chrono::microseconds rendezvous_spin{50};
+// How long a rank that arrived early spins before it sleeps: long enough to cover peers that
+// arrive together (the common case in lock-step training), short enough that a rank waiting on
+// a slow peer gives its core back at once.
+inline constexpr std::chrono::microseconds rendezvous_spin{5};
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -299,20 +300,16 @@ class thread_world {
           "every rank must call the same collectives in the same order with the same count, dtype, op and root");
   }
 
-  // Waits without sleeping until the generation leaves `gen` or detail::rendezvous_spin has
-  // passed; true if it left. Called without m_. A short pure spin first (a peer that is about to
-  // arrive), then yields: on a loaded machine the peer may be waiting for this very core, and a
-  // pure spin would hold it for the whole budget. Ranks that outnumber hardware threads only yield.
+  // Spins until the generation leaves `gen` or detail::rendezvous_spin has passed; true if it
+  // left. Called without m_. Not at all when ranks outnumber hardware threads: a spinning rank
+  // would hold the core the late rank needs (yielding instead measured far worse under load:
+  // the scheduler keeps picking the yielder, milliseconds per collective).
   bool spin_until_advanced(std::uint64_t gen) const noexcept {
-    constexpr unsigned pure_spins = 16;
+    if (crowded_) return false;
     const auto until = std::chrono::steady_clock::now() + detail::rendezvous_spin;
     for (unsigned i = 1;; ++i) {
       if (generation_.load(std::memory_order_acquire) != gen) return true;
-      if (!crowded_ && i < pure_spins) {
-        detail::cpu_relax();
-        continue;
-      }
-      std::this_thread::yield();
+      detail::cpu_relax();
       if (i % 8 == 0 && std::chrono::steady_clock::now() > until) return false;
     }
   }
