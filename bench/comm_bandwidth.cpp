@@ -15,6 +15,7 @@
 // the same for reduce_scatter, and for the MPI rows); mpi_vs_thread_allgather = median over
 // sizes and rank counts of t_thread / t_mpi (> 1: MPI faster); mpi_vs_raw_mpi_* = the same
 // against the MPI library's own blocking collective (mpiraw rows: zshard's overhead, < 1 costs).
+// A second section (thread_latency.hpp) times small collectives: thread_allreduce_small_us.
 //
 // Usage: comm_bandwidth [--quick]      (--mpi-worker: internal, the MPI half under mpiexec)
 #include <unistd.h>
@@ -30,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "thread_latency.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #ifdef ZSHARD_BENCH_MPI
 #include "zshard/comm/mpi_run.hpp"
@@ -264,7 +266,11 @@ int main(int argc, char** argv) {
   for (const row& r : rows)
     if (r.comm == comm_kind::thread) memcpy_rates.push_back(static_cast<double>(r.bytes) / r.memcpy_seconds / 1e9);
   const auto th = comm_kind::thread, mp = comm_kind::mpi;
+
+  const double small_us = thread_latency::print_small_collectives(quick);
+
   std::printf("\n");
+  std::printf("thread_allreduce_small_us: %.2f\n", small_us);
   std::printf("memcpy_gbps: %.2f\n", median(memcpy_rates));
   std::printf("allgather_algbw_gbps_2ranks: %.2f\n", collect(th, op_kind::all_gather, 2, false));
   std::printf("allgather_algbw_gbps_4ranks: %.2f\n", collect(th, op_kind::all_gather, 4, false));

@@ -1,28 +1,32 @@
-// host_adam: how close does the host AdamW with its fused bf16 write-back come to this
-// machine's memory bandwidth, and what do fusion and vectorisation buy?
+// host_adam: how close does the host AdamW come to this machine's memory bandwidth, with and
+// without its fused bf16 write-back, and how does it compare with a DeepSpeed-style kernel?
 //
 // Every kernel runs over n parameters with 1 and 2 threads (the persistent worker pool, tiles
-// of 64K elements), in one run; times are the best of several repeats after a warm-up.
-//   fused     AdamW + bf16 copy in one pass, the widest path this CPU runs (what host_adam
-//             uses): reads p, g, m, v; writes p, m, v and the bf16 copy = 30 bytes/param
-//   unfused   AdamW (28 bytes/param), then a separate vectorised cast pass (reads p, writes
-//             bf16: 6 bytes/param) = 34 bytes/param
+// of 64K elements), in one run; times are the best of several interleaved rounds after a warm-up.
+//   adam_f32  AdamW alone, the widest path this CPU runs: reads p, g, m, v; writes p, m, v
+//             = 28 bytes/param
+//   ceil_f32  moves exactly those 28 bytes with no arithmetic (loads p, g, m, v; stores p, m, v
+//             unchanged), same vector width, tiles and threads: the f32 limit
+//   ref_f32   reference_adam.hpp: a DeepSpeed-style AVX-512 kernel (8 vectors per iteration,
+//             FMAs, one division per vector), the same formula, 28 bytes/param
+//   fused     AdamW + bf16 copy in one pass (what host_adam uses): 30 bytes/param
+//   ceiling   the fused kernel's 30 bytes with no arithmetic (the top half of g stored as the
+//             "bf16" copy): the bf16 limit. The bf16 store itself costs (its line is read
+//             before it is written), so this limit sits below ceil_f32 in GB/s.
+//   ref_bf16  the reference kernel with its bf16 copy in the same pass: 30 bytes/param
+//   unfused   adam_f32, then a separate vectorised cast pass (reads p, writes bf16) = 34
 //   scalar    adamw_update_scalar (the reference loop) with the bf16 copy = 30 bytes/param
-//   ceiling   moves exactly the fused kernel's bytes with no arithmetic: loads p, g, m, v,
-//             stores p, m, v unchanged and the top half of g as the "bf16" copy, with the same
-//             vector width, tiles and threads = 30 bytes/param. This is the honest limit.
 //   triad     STREAM triad a = b + s * c, 12 bytes/element counted as STREAM counts them.
-//             Without non-temporal stores the CPU also reads the line it writes (16 bytes
-//             really move), so a triad understates bandwidth: for reference only.
 // GB/s = bytes/param as listed x n / time (GB = 1e9 bytes); Mparams/s = n / time / 1e6;
-// vs_ceiling = GB/s / the ceiling's GB/s at the same n and threads.
+// vs_ceiling = GB/s / the GB/s of the ceiling with the same bytes (28: ceil_f32, else ceiling)
+// at the same n and threads.
 //
 // Key figures, each the worst (minimum) over all (n, threads) configurations:
-//   adam_vs_ceiling   fused GB/s / ceiling GB/s             (target >= 0.9)
-//   fused_vs_unfused  unfused time / fused time             (target >= 1.08; 34 vs 30 bytes)
-//   adam_vs_scalar    scalar time / fused time
-// fp32 AdamW is bandwidth-bound on these CPUs, so a well-vectorised kernel sits at the ceiling
-// and the only way ahead is to move fewer bytes.
+//   adam_vs_f32_ceiling       ceil_f32 time / adam_f32 time          (target >= 0.95)
+//   adam_vs_bf16_ceiling      ceiling time / fused time              (was adam_vs_ceiling)
+//   adam_vs_reference_kernel  ref time / ours, f32 and bf16 alike    (target >= 1.0)
+//   fused_vs_unfused          unfused time / fused time              (34 vs 30 bytes)
+//   adam_vs_scalar            scalar time / fused time
 //
 // Usage: host_adam [--quick]     (--quick: 8M parameters only, fewer repeats)
 #include <algorithm>
@@ -38,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "reference_adam.hpp"
 #include "zshard/optim/adamw_dispatch.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -87,18 +92,22 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512 opaque5
   __asm__("" : "+v"(x));  // the compiler cannot see that the value is stored back unchanged
   return x;
 }
+// out null: the f32 ceiling (28 bytes), g is loaded and kept opaque but nothing is stored from it.
 __attribute__((target("avx512f,avx512bw"))) void same_bytes_avx512(float* p, const float* g, float* m, float* v,
                                                                     std::uint16_t* out, std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 a = opaque512(_mm512_loadu_ps(p + i)), c = opaque512(_mm512_loadu_ps(m + i));
     const __m512 d = opaque512(_mm512_loadu_ps(v + i));
-    const __m512i b = _mm512_castps_si512(_mm512_loadu_ps(g + i));
+    const __m512 e = opaque512(_mm512_loadu_ps(g + i));
     _mm512_storeu_ps(m + i, c);
     _mm512_storeu_ps(v + i, d);
     _mm512_storeu_ps(p + i, a);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)));
+    if (out)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(e), 16)));
   }
+  if (!out) return;
   for (; i < n; ++i) {
     std::uint32_t u;
     std::memcpy(&u, g + i, 4);
@@ -115,13 +124,15 @@ __attribute__((target("avx2"))) void same_bytes_avx2(float* p, const float* g, f
   for (; i + 8 <= n; i += 8) {
     const __m256 a = opaque256(_mm256_loadu_ps(p + i)), c = opaque256(_mm256_loadu_ps(m + i));
     const __m256 d = opaque256(_mm256_loadu_ps(v + i));
-    const __m256i b = _mm256_srli_epi32(_mm256_castps_si256(_mm256_loadu_ps(g + i)), 16);
+    const __m256i b = _mm256_srli_epi32(_mm256_castps_si256(opaque256(_mm256_loadu_ps(g + i))), 16);
     _mm256_storeu_ps(m + i, c);
     _mm256_storeu_ps(v + i, d);
     _mm256_storeu_ps(p + i, a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+    if (out)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                       _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
   }
+  if (!out) return;
   for (; i < n; ++i) {
     std::uint32_t u;
     std::memcpy(&u, g + i, 4);
@@ -138,6 +149,7 @@ void same_bytes(optim::simd_path path, float* p, const float* g, float* m, float
   if (path == optim::simd_path::avx2) return same_bytes_avx2(p, g, m, v, out, n);
 #endif
   (void)path;
+  if (!out) return;
   for (std::size_t i = 0; i < n; ++i) {  // scalar machines: plain copies
     std::uint32_t u;
     std::memcpy(&u, g + i, 4);
@@ -201,20 +213,41 @@ void measure(std::size_t n, int threads, int reps, std::vector<row>& rows) {
   optim::host_adamw scalar(threads, optim::simd_path::scalar);
   const std::size_t tile = best.tile_numel();
   std::vector<timed_kernel> kernels;
+  kernels.push_back({"adam_f32", 28, [&] {
+                       best.update(next_step(), p.data, m.data, v.data, g.data, n, nullptr, dtype::bf16);
+                     }});
+  kernels.push_back({"ceil_f32", 28, [&] {
+                       over_tiles(best.pool(), n, tile, [&](std::size_t b, std::size_t len) {
+                         same_bytes(best.path(), p.data + b, g.data + b, m.data + b, v.data + b, nullptr, len);
+                       });
+                     }});
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const bool with_reference = optim::path_supported(optim::simd_path::avx512);
+  auto reference = [&](std::uint16_t* o) {
+    const reference_adam::constants c(next_step());
+    over_tiles(best.pool(), n, tile, [&](std::size_t b, std::size_t len) {
+      reference_adam::step(c, p.data + b, m.data + b, v.data + b, g.data + b, len, o ? o + b : nullptr);
+    });
+  };
+  if (with_reference) kernels.push_back({"ref_f32", 28, [&] { reference(nullptr); }});
+#endif
   kernels.push_back({"fused", 30, [&] {
                        best.update(next_step(), p.data, m.data, v.data, g.data, n, out.data, dtype::bf16);
                      }});
+  kernels.push_back({"ceiling", 30, [&] {
+                       over_tiles(best.pool(), n, tile, [&](std::size_t b, std::size_t len) {
+                         same_bytes(best.path(), p.data + b, g.data + b, m.data + b, v.data + b, out.data + b, len);
+                       });
+                     }});
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (with_reference) kernels.push_back({"ref_bf16", 30, [&] { reference(out.data); }});
+#endif
   kernels.push_back({"unfused", 34, [&] {
                        best.update(next_step(), p.data, m.data, v.data, g.data, n, nullptr, dtype::bf16);
                        best.convert(p.data, out.data, dtype::bf16, n);
                      }});
   kernels.push_back({"scalar", 30, [&] {
                        scalar.update(next_step(), p.data, m.data, v.data, g.data, n, out.data, dtype::bf16);
-                     }});
-  kernels.push_back({"ceiling", 30, [&] {
-                       over_tiles(best.pool(), n, tile, [&](std::size_t b, std::size_t len) {
-                         same_bytes(best.path(), p.data + b, g.data + b, m.data + b, v.data + b, out.data + b, len);
-                       });
                      }});
   kernels.push_back({"triad", 12, [&] {
                        over_tiles(best.pool(), n, tile, [&](std::size_t b, std::size_t len) {
@@ -228,10 +261,14 @@ void measure(std::size_t n, int threads, int reps, std::vector<row>& rows) {
   for (const auto& k : kernels) rows.push_back({n, threads, k.name, k.bytes_per_param, k.best});
 }
 
-const row& find(const std::vector<row>& rows, std::size_t n, int threads, std::string_view kernel) {
+const row* lookup(const std::vector<row>& rows, std::size_t n, int threads, std::string_view kernel) {
   for (const auto& r : rows)
-    if (r.n == n && r.threads == threads && r.kernel == kernel) return r;
-  std::fprintf(stderr, "host_adam: missing row\n");
+    if (r.n == n && r.threads == threads && r.kernel == kernel) return &r;
+  return nullptr;
+}
+const row& find(const std::vector<row>& rows, std::size_t n, int threads, std::string_view kernel) {
+  if (const row* r = lookup(rows, n, threads, kernel)) return *r;
+  std::fprintf(stderr, "host_adam: missing row %s\n", std::string(kernel).c_str());
   std::exit(1);
 }
 
@@ -258,24 +295,35 @@ int main(int argc, char** argv) {
 
   std::printf("%10s %7s %-8s %11s %9s %10s %8s %10s\n", "params", "threads", "kernel", "bytes/param", "time_ms",
               "Mparams/s", "GB/s", "vs_ceiling");
-  double worst_ceiling = 1e9, worst_unfused = 1e9, worst_scalar = 1e9;
+  double worst_f32 = 1e9, worst_bf16 = 1e9, worst_ref = 1e9, worst_unfused = 1e9, worst_scalar = 1e9;
   for (std::size_t n : sizes) {
     for (int threads : thread_counts) {
-      const row& ceiling = find(rows, n, threads, "ceiling");
-      const double ceiling_gbs = ceiling.bytes_per_param * double(n) / ceiling.seconds / 1e9;
+      const row& ceil30 = find(rows, n, threads, "ceiling");
+      const row& ceil28 = find(rows, n, threads, "ceil_f32");
       for (const auto& r : rows) {
         if (r.n != n || r.threads != threads) continue;
+        const row& c = r.bytes_per_param == 28 ? ceil28 : ceil30;
         const double gbs = r.bytes_per_param * double(n) / r.seconds / 1e9;
+        const double ceiling_gbs = c.bytes_per_param * double(n) / c.seconds / 1e9;
         std::printf("%10zu %7d %-8s %11.0f %9.2f %10.1f %8.2f %10.3f\n", n, threads, r.kernel.c_str(), r.bytes_per_param,
                     r.seconds * 1e3, double(n) / r.seconds / 1e6, gbs, gbs / ceiling_gbs);
       }
       const row& fused = find(rows, n, threads, "fused");
-      worst_ceiling = std::min(worst_ceiling, ceiling.seconds / fused.seconds);  // same bytes: a ratio of times
+      const row& f32 = find(rows, n, threads, "adam_f32");
+      worst_f32 = std::min(worst_f32, ceil28.seconds / f32.seconds);  // same bytes: a ratio of times
+      worst_bf16 = std::min(worst_bf16, ceil30.seconds / fused.seconds);
+      if (const row* r = lookup(rows, n, threads, "ref_f32")) worst_ref = std::min(worst_ref, r->seconds / f32.seconds);
+      if (const row* r = lookup(rows, n, threads, "ref_bf16")) worst_ref = std::min(worst_ref, r->seconds / fused.seconds);
       worst_unfused = std::min(worst_unfused, find(rows, n, threads, "unfused").seconds / fused.seconds);
       worst_scalar = std::min(worst_scalar, find(rows, n, threads, "scalar").seconds / fused.seconds);
     }
   }
-  std::printf("adam_vs_ceiling: %.3f\n", worst_ceiling);
+  std::printf("adam_vs_f32_ceiling: %.3f\n", worst_f32);
+  std::printf("adam_vs_bf16_ceiling: %.3f\n", worst_bf16);
+  if (worst_ref < 1e9)
+    std::printf("adam_vs_reference_kernel: %.3f\n", worst_ref);
+  else
+    std::printf("adam_vs_reference_kernel: n/a (no AVX-512 on this CPU)\n");
   std::printf("fused_vs_unfused: %.3f\n", worst_unfused);
   std::printf("adam_vs_scalar: %.3f\n", worst_scalar);
   return 0;

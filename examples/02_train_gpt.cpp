@@ -5,7 +5,9 @@
 // a module's full parameters exist only while its scope is open.
 //
 // Prints per step: loss (averaged over ranks), tokens/s, and the per-rank peak bytes by
-// memory-ledger category; at the end a per-rank peak table. Run with --help for options.
+// memory-ledger category; at the end a per-rank peak table. With --profile, also where a
+// step's time goes (the model's compute, zshard's engine, communication, the optimizer), per
+// log interval on rank 0 and per rank at the end. Run with --help for options.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -52,6 +54,7 @@ struct options {
   std::string resume;       // a checkpoint directory to continue from
   std::string export_path;  // one safetensors file of the trained model
   bool export_bf16 = false;
+  bool profile = false;
   bool help = false;
 };
 
@@ -87,6 +90,7 @@ void usage() {
       "                     step it holds, bit for bit as if never stopped (same --ranks or not)\n"
       "  --export FILE      write the trained model as one safetensors file\n"
       "  --export-bf16      export in bf16 (default f32)\n"
+      "  --profile          print the share of a step in compute, engine, communication and optimizer\n"
       "The last line printed is `final_loss: <mean loss of the last step>`.\n");
 }
 
@@ -129,6 +133,7 @@ options parse(int argc, char** argv) {
     else if (a == "--resume") o.resume = value(i);
     else if (a == "--export") o.export_path = value(i);
     else if (a == "--export-bf16") o.export_bf16 = true;
+    else if (a == "--profile") o.profile = true;
     else throw std::invalid_argument("unknown option '" + a + "' (try --help)");
   }
   if (o.ranks > 64) throw std::invalid_argument("--ranks: at most 64 thread ranks");
@@ -170,6 +175,7 @@ struct run_result {
   double first_loss = 0, last_loss = 0;
   std::uint32_t last_loss_bits = 0;
   std::vector<peak_row> run_peaks;
+  std::vector<gpt::step_profile> profiles;  // per rank, with --profile
 };
 
 // One rank's training, the same code on thread ranks and MPI processes. The per-rank peaks
@@ -178,9 +184,15 @@ template <class Comm>
 void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt::gpt_config& mc,
                 const gpt::zshard_model& model, const zshard::engine_config& cfg, run_result& out) {
   const int rank = comm.rank(), world = comm.size();
+  // The engine's collectives go through a timing wrapper (the loop's own loss average and peak
+  // exchange below use `comm` directly and are not part of a step).
+  double comm_seconds = 0;
+  gpt::timed_comm<Comm> engine_comm(comm, comm_seconds);
   zshard::host_backend backend(std::nullopt, "rank " + std::to_string(rank));
-  zshard::engine<zshard::host_backend, Comm> eng(backend, comm, model.spec, cfg);
+  zshard::engine<zshard::host_backend, gpt::timed_comm<Comm>> eng(backend, engine_comm, model.spec, cfg);
   gpt::zshard_gpt_runner<decltype(eng)> runner(eng, model, o.checkpoint);
+  gpt::step_profile interval, whole;  // this rank's, since the last log line / over the run
+  if (o.profile) runner.time_compute_into(&interval.compute);
   const int T = mc.seq_len;
   static_assert(sizeof(peak_row) % sizeof(float) == 0, "peak rows travel as f32 words");
   constexpr std::size_t row_words = sizeof(peak_row) / sizeof(float);
@@ -209,12 +221,22 @@ void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt
   for (int step = start + 1; step <= o.steps; ++step) {
     backend.ledger().reset_peaks();
     double loss = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    const double comm0 = comm_seconds;
     for (int mb = 0; mb < o.micro_batches; ++mb) {
       // global batch = all ranks' rows; this rank takes its own rows of it
       const std::uint64_t index = std::uint64_t(step - 1) * std::uint64_t(o.micro_batches) + std::uint64_t(mb);
       loss += runner.train_micro_batch(data.get_rows(index, rank * o.batch, o.batch, T));
     }
+    const auto t1 = std::chrono::steady_clock::now();
+    const double comm1 = comm_seconds;
     const zshard::step_report rep = eng.step();
+    const auto t2 = std::chrono::steady_clock::now();
+    interval.total += std::chrono::duration<double>(t2 - t0).count();
+    interval.optimizer += std::chrono::duration<double>(t2 - t1).count();
+    interval.comm += comm_seconds - comm0;
+    interval.comm_in_step += comm_seconds - comm1;
+    ++interval.steps;
     float mean_loss = float(loss / o.micro_batches);
     comm.all_reduce(&mean_loss, &mean_loss, 1, zshard::dtype::f32, zshard::reduce_op::average);
     peak_row mine;
@@ -227,11 +249,12 @@ void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt
         run_peaks[r].by_category[c] = std::max(run_peaks[r].by_category[c], step_peaks[r].by_category[c]);
       run_peaks[r].total = std::max(run_peaks[r].total, step_peaks[r].total);
     }
+    const bool log_line = step % o.log_every == 0 || step == start + 1 || step == o.steps;
     if (rank == 0) {
       if (step == start + 1) out.first_loss = mean_loss;
       out.last_loss = mean_loss;
       out.last_loss_bits = std::bit_cast<std::uint32_t>(mean_loss);
-      if (step % o.log_every == 0 || step == start + 1 || step == o.steps) {
+      if (log_line) {
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_start).count();
         const int steps_done = step % o.log_every == 0 ? o.log_every : (step == start + 1 ? 1 : step % o.log_every);
         const double tokens = double(steps_done) * world * o.micro_batches * o.batch * T;
@@ -245,13 +268,22 @@ void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt
                     mib(p.by_category[3]).c_str(), mib(p.by_category[4]).c_str(), mib(p.by_category[5]).c_str(),
                     mib(p.total).c_str(), mib(max_total).c_str());
         if (!rep.swept.empty()) std::printf("  note: %zu module use(s) swept without backward\n", rep.swept.size());
+        if (o.profile) interval.print("  rank 0 step time: ");
         std::fflush(stdout);
         clock_start = std::chrono::steady_clock::now();
       }
     }
+    if (log_line) {  // rank 0 printed this interval; every rank starts the next one
+      whole += interval;
+      interval.clear();
+    }
     if (o.eval_every > 0 && step % o.eval_every == 0) {
-      // batches the training loop never draws (indices past its range)
+      // batches the training loop never draws (indices past its range); not part of a step
+      runner.time_compute_into(nullptr);
+      const double comm_before_eval = comm_seconds;
       float eval_loss = float(runner.evaluate(data.get_rows(1'000'000 + std::uint64_t(step), rank * o.batch, o.batch, T)));
+      comm_seconds = comm_before_eval;
+      if (o.profile) runner.time_compute_into(&interval.compute);
       comm.all_reduce(&eval_loss, &eval_loss, 1, zshard::dtype::f32, zshard::reduce_op::average);
       if (rank == 0) std::printf("  eval (no-grad pass) loss %.4f\n", eval_loss);
     }
@@ -263,6 +295,13 @@ void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt
     if (rank == 0) std::printf("exported %s\n", o.export_path.c_str());
   }
   if (rank == 0) out.run_peaks = run_peaks;
+  if (o.profile) {  // every rank's profile reaches rank 0, as the peaks do
+    whole += interval;
+    static_assert(sizeof(gpt::step_profile) % sizeof(float) == 0, "profiles travel as f32 words");
+    std::vector<gpt::step_profile> all(static_cast<std::size_t>(world));
+    comm.all_gather(&whole, all.data(), sizeof(gpt::step_profile) / sizeof(float), zshard::dtype::f32);
+    if (rank == 0) out.profiles = std::move(all);
+  }
 }
 
 void print_header(const options& o, int world, const char* kind, const gpt::gpt_config& mc,
@@ -280,6 +319,15 @@ void print_header(const options& o, int world, const char* kind, const gpt::gpt_
 // Rank 0's closing lines; the loss bits let a script compare runs exactly (threads vs MPI).
 int report(const options& o, const run_result& res) {
   print_peak_table(res.run_peaks);
+  if (!res.profiles.empty()) {
+    std::printf("\nwhere a step's time goes, per rank (compute: the model's math; engine: zshard's scopes and\n"
+                "memory traffic; communication: collectives, waiting for peers included; optimizer: step()\n"
+                "without its collectives)\n");
+    for (std::size_t r = 0; r < res.profiles.size(); ++r) {
+      const std::string prefix = "  rank " + std::to_string(r) + ": ";
+      res.profiles[r].print(prefix.c_str());
+    }
+  }
   const int ran = o.steps - res.first_step + 1;
   const bool falling = ran < 2 || res.last_loss < res.first_loss;
   std::printf("\nloss %.4f -> %.4f over %d steps (%s)\n", res.first_loss, res.last_loss, ran,

@@ -4,6 +4,7 @@
 // Parameters arrive as raw pointers (the engine's gathered buffers) and are wrapped in
 // Eigen::Map; backward ACCUMULATES into parameter gradients (+=) because a parameter may
 // receive several contributions per step, but ASSIGNS input gradients.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <type_traits>
@@ -108,25 +109,57 @@ struct gelu_constants {
   static constexpr S a = static_cast<S>(0.044715);
 };
 
+// Written through the logistic function, 0.5 (1 + tanh z) = sigma(2z): with
+// E = exp(-2z) (its argument capped at 80 so E stays finite), sigma = 1 / (1 + E) and
+// 1 - sigma = E sigma, both without cancellation, so
+//   gelu(x) = x sigma,   gelu'(x) = sigma + 2 sigma (1 - sigma) z'(x) x
+// stays within a few ulp of the float64 closed form even where tanh saturates (1 - tanh^2
+// would cancel there). One vectorised exp and one division per element, no branch (Eigen 3.4
+// does not vectorise select()). Both passes run over fixed-size chunks on the stack, so
+// nothing [N, d_ff]-sized is allocated per call; the scalar std::tanh loop this replaces was
+// about 20% of a training step's CPU.
+inline constexpr index gelu_chunk = 256;
+
+template <class S>
+using gelu_array = Eigen::Array<S, Eigen::Dynamic, 1>;
+
+namespace detail {
+// sigma(2 z(x)) into sig and 1 - sigma into sig_c, for one chunk x.
+template <class S, class X, class A>
+void gelu_sigmoid(const X& x, A&& sig, A&& sig_c) {
+  using k = gelu_constants<S>;
+  sig_c = (S(-2) * k::c * (x + k::a * x.cube())).min(S(80)).exp();  // E
+  sig = (S(1) + sig_c).inverse();
+  sig_c *= sig;
+}
+}  // namespace detail
+
 template <class S>
 void gelu_forward(const mat<S>& u, mat<S>& y) {
-  using k = gelu_constants<S>;
   y.resize(u.rows(), u.cols());
-  y.array() = S(0.5) * u.array() * (S(1) + (k::c * (u.array() + k::a * u.array().cube())).tanh());
+  const index n = u.size();
+  Eigen::Array<S, gelu_chunk, 1> sig, sig_c;
+  for (index b = 0; b < n; b += gelu_chunk) {
+    const index len = std::min(gelu_chunk, n - b);
+    Eigen::Map<const gelu_array<S>> x(u.data() + b, len);
+    detail::gelu_sigmoid<S>(x, sig.head(len), sig_c.head(len));
+    Eigen::Map<gelu_array<S>>(y.data() + b, len) = x * sig.head(len);
+  }
 }
 
 // du = du * gelu'(u), in place (du arrives holding dy).
 template <class S>
 void gelu_backward(const mat<S>& u, mat<S>& du) {
   using k = gelu_constants<S>;
-  // Element loop rather than an Eigen expression: tanh is needed twice, and an evaluated
-  // temporary would allocate [N, d_ff] on every call.
-  const S* x = u.data();
-  S* g = du.data();
-  for (index i = 0; i < u.size(); ++i) {
-    const S t = std::tanh(k::c * (x[i] + k::a * x[i] * x[i] * x[i]));
-    g[i] *= S(0.5) * (S(1) + t) +
-            S(0.5) * x[i] * (S(1) - t * t) * k::c * (S(1) + S(3) * k::a * x[i] * x[i]);
+  const index n = u.size();
+  Eigen::Array<S, gelu_chunk, 1> sig, sig_c;
+  for (index b = 0; b < n; b += gelu_chunk) {
+    const index len = std::min(gelu_chunk, n - b);
+    Eigen::Map<const gelu_array<S>> x(u.data() + b, len);
+    detail::gelu_sigmoid<S>(x, sig.head(len), sig_c.head(len));
+    const auto s = sig.head(len), sc = sig_c.head(len);
+    Eigen::Map<gelu_array<S>>(du.data() + b, len) *=
+        s + S(2) * k::c * s * sc * (S(1) + S(3) * k::a * x.square()) * x;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gpt_model.hpp"
+#include "step_profile.hpp"
 #include "zshard/engine/engine.hpp"
 
 namespace gpt {
@@ -85,14 +86,22 @@ class zshard_gpt_runner {
     acts_.resize(static_cast<std::size_t>(c_.n_layers) + 1);
   }
 
+  // Adds the time spent in the model's own math (layers, loss) to *seconds from now on; null
+  // stops it (step_profile.hpp).
+  void time_compute_into(double* seconds) noexcept { compute_ = seconds; }
+
   // Forward and backward of one micro-batch; returns its mean loss. Gradients accumulate in
   // the engine until step().
   double train_micro_batch(const batch& b) {
     const double loss = forward(b, zshard::use_kind::counted);
-    cross_entropy_backward(ce_, logits_, eng_.loss_scale());  // dlogits overwrite the logits
+    {
+      profile_timer t(compute_);
+      cross_entropy_backward(ce_, logits_, eng_.loss_scale());  // dlogits overwrite the logits
+    }
     eng_.begin_backward();
     {
       auto g = eng_.backward(m_.head);
+      profile_timer t(compute_);
       head_backward(c_, scope_params(g, widened_), head_cache_, logits_, dy_);
     }
     for (int l = c_.n_layers; l-- > 0;) {
@@ -100,13 +109,16 @@ class zshard_gpt_runner {
       block_cache<float>& cache = checkpoint_ ? caches_[0] : caches_[i];
       if (checkpoint_) {
         auto r = eng_.recompute(m_.blocks[i]);
+        profile_timer t(compute_);
         block_forward(c_, scope_params(r, widened_), acts_[i], b.batch_size, b.seq_len, cache, scratch_y_);
       }
       auto g = eng_.backward(m_.blocks[i]);
+      profile_timer t(compute_);
       block_backward(c_, scope_params(g, widened_), cache, dy_, dy_);
     }
     {
       auto g = eng_.backward(m_.embed);
+      profile_timer t(compute_);
       embed_backward(c_, scope_params(g, widened_), embed_cache_, dy_);
     }
     eng_.end_backward();
@@ -134,19 +146,26 @@ class zshard_gpt_runner {
   double forward(const batch& b, zshard::use_kind kind) {
     {
       auto g = eng_.forward(m_.embed, kind);
+      profile_timer t(compute_);
       embed_forward(c_, scope_params(g, widened_), b.tokens, b.batch_size, b.seq_len, embed_cache_, acts_[0]);
     }
     for (int l = 0; l < c_.n_layers; ++l) {
       const auto i = static_cast<std::size_t>(l);
       auto g = eng_.forward(m_.blocks[i], kind);
+      profile_timer t(compute_);
       block_forward(c_, scope_params(g, widened_), acts_[i], b.batch_size, b.seq_len,
                     checkpoint_ ? caches_[0] : caches_[i], acts_[i + 1]);
     }
     {
       auto g = eng_.forward(m_.head, kind);
+      profile_timer t(compute_);
       head_forward(c_, scope_params(g, widened_), acts_.back(), head_cache_, logits_);
     }
-    const double loss = cross_entropy_forward<float>(logits_, b.targets, ce_);
+    double loss = 0;
+    {
+      profile_timer t(compute_);
+      loss = cross_entropy_forward<float>(logits_, b.targets, ce_);
+    }
     eng_.report_activations(activation_bytes());
     return loss;
   }
@@ -162,6 +181,7 @@ class zshard_gpt_runner {
   std::vector<mat<float>> acts_;  // acts_[l]: input of block l; acts_.back(): input of the head
   mat<float> logits_, dy_, scratch_y_;  // dy_: the gradient flowing backward
   std::vector<std::vector<float>> widened_;
+  double* compute_ = nullptr;
 };
 
 }  // namespace gpt

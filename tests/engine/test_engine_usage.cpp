@@ -1,7 +1,9 @@
 // Bad input and misuse: each a clear zshard::error of the right kind, no crash, no hang.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "../support/error_capture.hpp"
 #include "toy_training.hpp"
@@ -28,6 +30,19 @@ TEST_CASE("model registration errors") {
   spec.add_param("unused", {3});
   spec.add_module("m", {p});
   CHECK(message_of([&] { spec.validate(); }).find("'unused' is used by no module") != std::string::npos);
+}
+
+TEST_CASE("a module of many parameters: duplicates found wherever they are, named in the error") {
+  model_spec spec;
+  std::vector<param_id> ps;
+  for (int i = 0; i < 20000; ++i) ps.push_back(spec.add_param("p" + std::to_string(i), {1}));
+  auto dup = ps;
+  dup.push_back(ps[12345]);
+  CHECK(message_of([&] { spec.add_module("flat", dup); }).find("lists parameter 'p12345' twice") != std::string::npos);
+  CHECK(spec.modules().empty());  // a refused module is not registered
+  std::reverse(ps.begin(), ps.end());
+  CHECK(spec.add_module("flat", ps) == 0);
+  CHECK(spec.module(0).params.size() == 20000);
 }
 
 TEST_CASE("scopes out of order are usage errors") {

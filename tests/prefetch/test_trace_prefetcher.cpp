@@ -3,13 +3,17 @@
 // once, counted) and is re-recorded; results never depend on what was prefetched.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
+#include "zshard/partition/even_partitioner.hpp"
+#include "zshard/prefetch/trace_prefetcher.hpp"
 #include "zshard/testing/invariants.hpp"
 
 using namespace zshard;
@@ -131,4 +135,62 @@ TEST_CASE("leaving the trace drops to on-demand, says so once, counts, and re-re
   CHECK(r.resident[4][0] == 3 * numel);       // replaying b: prefetching again
   const auto on_demand = run<prefetch::on_demand>(2, cfg, {a, a, b, b, b, a});
   CHECK(r.params == on_demand.params);
+}
+
+// keep_after_scope through the trace index, against a scan of the trace that follows its
+// definition literally: p is kept when a scope from the current position on uses it and the
+// scopes before that one hold at most max_reuse_distance gathered elements.
+TEST_CASE("trace prefetcher: reuse advice from the index equals a scan of the trace, random models") {
+  std::mt19937 rng(77);
+  for (int trial = 0; trial < 30; ++trial) {
+    model_spec spec;
+    const int n_params = 3 + int(rng() % 12), n_modules = 2 + int(rng() % 10);
+    std::vector<param_id> ps;
+    for (int p = 0; p < n_params; ++p)
+      ps.push_back(spec.add_param("p" + std::to_string(p), {std::int64_t(1 + rng() % 40)}));
+    for (int m = 0; m < n_modules; ++m) {
+      std::vector<param_id> mine;
+      for (param_id p : ps)
+        if (rng() % 3 == 0) mine.push_back(p);
+      spec.add_module("m" + std::to_string(m), mine);
+    }
+    engine_config cfg;
+    cfg.partition.persistence_threshold_numel = 8;  // some replicated: they hold no gathered elements
+    cfg.prefetch.max_reuse_distance = rng() % 120;
+    std::vector<shard_layout> layouts;
+    for (param_id p = 0; p < spec.params().size(); ++p)
+      layouts.push_back(partition::even{}.layout(param_identity::of(spec, p, dtype::f32), 2, cfg.partition));
+    std::vector<std::size_t> module_numel(spec.modules().size(), 0);
+    for (module_id m = 0; m < spec.modules().size(); ++m)
+      for (param_id p : spec.module(m).params)
+        if (!layouts[p].replicated) module_numel[m] += layouts[p].padded_numel;
+    std::vector<module_id> order;  // modules repeat, as shared blocks and recomputes do
+    for (int i = 0; i < 25; ++i) order.push_back(module_id(rng() % spec.modules().size()));
+
+    prefetch::trace t;
+    t.reset(spec, layouts, cfg.prefetch, log_sink{});
+    std::vector<param_id> ahead;
+    for (module_id m : order) t.on_scope_enter(m, use_kind::counted, ahead);
+    t.on_step();
+    REQUIRE(t.replaying());
+    for (std::size_t pos = 0; pos < order.size(); ++pos) {
+      ahead.clear();
+      t.on_scope_enter(order[pos], use_kind::counted, ahead);  // now at pos + 1
+      for (param_id p = 0; p < spec.params().size(); ++p) {
+        bool want = false;
+        std::size_t distance = 0;
+        for (std::size_t i = pos + 1; i < order.size() && distance <= cfg.prefetch.max_reuse_distance; ++i) {
+          const auto& used = spec.module(order[i]).params;
+          if (std::find(used.begin(), used.end(), p) != used.end()) {
+            want = true;
+            break;
+          }
+          distance += module_numel[order[i]];
+        }
+        INFO("trial " << trial << " position " << pos << " param " << p);
+        REQUIRE(t.keep_after_scope(p) == want);
+      }
+    }
+    t.on_step();
+  }
 }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "zshard/core/checked_size.hpp"
@@ -64,12 +65,15 @@ class model_spec {
   module_id add_module(const std::string& name, std::vector<param_id> params) {
     ZSHARD_REQUIRE(!name.empty(), error_kind::config, "a module needs a name");
     ZSHARD_REQUIRE(!module_index_.contains(name), error_kind::config, "module '" + name + "' is registered twice");
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      ZSHARD_REQUIRE(params[i] < params_.size(), error_kind::config,
-                     "module '" + name + "' names parameter id " + std::to_string(params[i]) + " which does not exist");
-      for (std::size_t j = 0; j < i; ++j)
-        ZSHARD_REQUIRE(params[i] != params[j], error_kind::config,
-                       "module '" + name + "' lists parameter '" + params_[params[i]].name + "' twice");
+    // Duplicates through a hash set: linear in the module's parameters (a module of thousands
+    // of parameters, a flattened model say, must not cost a quadratic scan).
+    std::unordered_set<param_id> seen;
+    seen.reserve(params.size());
+    for (param_id p : params) {
+      ZSHARD_REQUIRE(p < params_.size(), error_kind::config,
+                     "module '" + name + "' names parameter id " + std::to_string(p) + " which does not exist");
+      ZSHARD_REQUIRE(seen.insert(p).second, error_kind::config,
+                     "module '" + name + "' lists parameter '" + params_[p].name + "' twice");
     }
     const auto id = static_cast<module_id>(modules_.size());
     modules_.push_back({name, std::move(params)});

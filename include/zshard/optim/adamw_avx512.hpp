@@ -31,13 +31,28 @@
 namespace zshard::optim::avx512 {
 
 struct lanes {
-  __m512 b1, one_minus_b1, b2, one_minus_b2, eps, grad_scale, decay, step_size, sqrt_bc2;
+  __m512 b1, one_minus_b1, b2, one_minus_b2, eps, grad_scale, decay, step_size, sqrt_bc2, inv_sqrt_bc2;
 };
 
 ZSHARD_AVX512_INLINE lanes broadcast(const simd::adamw_constants& c) {
   return {_mm512_set1_ps(c.b1),         _mm512_set1_ps(c.one_minus_b1), _mm512_set1_ps(c.b2),
           _mm512_set1_ps(c.one_minus_b2), _mm512_set1_ps(c.eps),        _mm512_set1_ps(c.grad_scale),
-          _mm512_set1_ps(c.decay),      _mm512_set1_ps(c.step_size),    _mm512_set1_ps(c.sqrt_bc2)};
+          _mm512_set1_ps(c.decay),      _mm512_set1_ps(c.step_size),    _mm512_set1_ps(c.sqrt_bc2),
+          _mm512_set1_ps(c.inv_sqrt_bc2)};
+}
+
+// x / sqrt_bc2 correctly rounded, without a division (the divider is the single-thread limit:
+// two divisions and a square root per vector). Markstein's correction: with r = RN(1/s), q0 =
+// RN(x r) is within an ulp of x/s, the FMA residual e = x - q0 s is exact, and RN(q0 + e r) is
+// the correctly rounded quotient for every finite x >= 0 here (x = sqrt(v) is 0 or at least
+// 2^-75, far from subnormal results; verified exhaustively over those x for many s). Infinite x
+// would make the residual NaN, so it keeps q0 (= inf, as the division gives).
+ZSHARD_AVX512_INLINE __m512 div_by_sqrt_bc2(const lanes& k, __m512 x) {
+  const __m512 q0 = _mm512_mul_ps(x, k.inv_sqrt_bc2);
+  const __m512 e = _mm512_fnmadd_ps(q0, k.sqrt_bc2, x);
+  const __m512 q1 = _mm512_fmadd_ps(e, k.inv_sqrt_bc2, q0);
+  const __mmask16 inf = _mm512_cmp_ps_mask(x, _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ);
+  return _mm512_mask_blend_ps(inf, q1, q0);
 }
 
 // An empty asm that claims to change x: the product is rounded to f32 and the compiler cannot
@@ -46,22 +61,6 @@ ZSHARD_AVX512_INLINE lanes broadcast(const simd::adamw_constants& c) {
 ZSHARD_AVX512_INLINE __m512 rounded(__m512 x) {
   __asm__("" : "+v"(x));
   return x;
-}
-
-// One vector of the update at `i`, in the reference's operation order (adamw.hpp); stores m,
-// v and the master and returns the new master for the write-back.
-ZSHARD_AVX512_INLINE __m512 update(const lanes& k, float* master, float* m, float* v, const float* grad) {
-  const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad), k.grad_scale);
-  const __m512 mi = _mm512_add_ps(rounded(_mm512_mul_ps(k.b1, _mm512_loadu_ps(m))), rounded(_mm512_mul_ps(k.one_minus_b1, g)));
-  const __m512 vi = _mm512_add_ps(rounded(_mm512_mul_ps(k.b2, _mm512_loadu_ps(v))),
-                                  rounded(_mm512_mul_ps(_mm512_mul_ps(k.one_minus_b2, g), g)));
-  const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), k.sqrt_bc2), k.eps);
-  const __m512 p = _mm512_sub_ps(rounded(_mm512_mul_ps(_mm512_loadu_ps(master), k.decay)),
-                                 _mm512_div_ps(_mm512_mul_ps(k.step_size, mi), denom));
-  _mm512_storeu_ps(m, mi);
-  _mm512_storeu_ps(v, vi);
-  _mm512_storeu_ps(master, p);
-  return p;
 }
 
 // bf16 bits of 16 floats, as to_bf16: add 0x7fff plus the lowest kept bit (ties to even; an
@@ -83,11 +82,46 @@ __attribute__((target(ZSHARD_AVX512_ISA ",avx512bf16"), always_inline)) inline _
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
 }
 
+
 template <class W>
 ZSHARD_AVX512_INLINE void store(W* out, __m512 p) {
   if constexpr (std::is_same_v<W, float>) _mm512_storeu_ps(out, p);
   else if constexpr (std::is_same_v<W, bf16>) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), to_bf16_bits(p));
   else if constexpr (std::is_same_v<W, f16>) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), to_f16_bits(p));
+}
+
+// One vector of the update from loaded values, in the reference's operation order
+// (adamw.hpp): updates m, v and the master in place (registers).
+ZSHARD_AVX512_INLINE void update(const lanes& k, __m512& master, __m512& m, __m512& v, __m512 grad) {
+  const __m512 g = _mm512_mul_ps(grad, k.grad_scale);
+  m = _mm512_add_ps(rounded(_mm512_mul_ps(k.b1, m)), rounded(_mm512_mul_ps(k.one_minus_b1, g)));
+  v = _mm512_add_ps(rounded(_mm512_mul_ps(k.b2, v)), rounded(_mm512_mul_ps(_mm512_mul_ps(k.one_minus_b2, g), g)));
+  const __m512 denom = _mm512_add_ps(div_by_sqrt_bc2(k, _mm512_sqrt_ps(v)), k.eps);
+  master = _mm512_sub_ps(rounded(_mm512_mul_ps(master, k.decay)), _mm512_div_ps(_mm512_mul_ps(k.step_size, m), denom));
+}
+
+// `span` vectors per iteration, software-pipelined by hand: every load of the group is issued
+// before the first division, so the loads of later vectors are in flight while the divider
+// works (one vector at a time left the core's window full of operations waiting on the divider
+// and the memory streams idle: about 0.7 of the same-bytes ceiling at one thread).
+inline constexpr std::size_t span = 4;
+
+template <class W>
+ZSHARD_AVX512_INLINE void update_group(const lanes& k, float* master, float* m, float* v, const float* grad, W* out) {
+  __m512 p[span], mo[span], va[span], g[span];
+  for (std::size_t j = 0; j < span; ++j) {
+    g[j] = _mm512_loadu_ps(grad + 16 * j);
+    mo[j] = _mm512_loadu_ps(m + 16 * j);
+    va[j] = _mm512_loadu_ps(v + 16 * j);
+    p[j] = _mm512_loadu_ps(master + 16 * j);
+  }
+  for (std::size_t j = 0; j < span; ++j) update(k, p[j], mo[j], va[j], g[j]);
+  for (std::size_t j = 0; j < span; ++j) {
+    _mm512_storeu_ps(m + 16 * j, mo[j]);
+    _mm512_storeu_ps(v + 16 * j, va[j]);
+    _mm512_storeu_ps(master + 16 * j, p[j]);
+    if constexpr (!std::is_void_v<W>) store(out + 16 * j, p[j]);
+  }
 }
 
 // adamw_update_scalar's contract on 16 lanes: W is float, bf16, f16, or void (no write-back).
@@ -96,8 +130,13 @@ ZSHARD_AVX512 void adamw_update(const adamw_step& s, float* master, float* m, fl
                                 std::size_t n, W* out) noexcept {
   const lanes k = broadcast(simd::adamw_constants(s));
   std::size_t i = 0;
+  for (; i + 16 * span <= n; i += 16 * span) update_group(k, master + i, m + i, v + i, grad + i, simd::advance(out, i));
   for (; i + 16 <= n; i += 16) {
-    const __m512 p = update(k, master + i, m + i, v + i, grad + i);
+    __m512 p = _mm512_loadu_ps(master + i), mo = _mm512_loadu_ps(m + i), va = _mm512_loadu_ps(v + i);
+    update(k, p, mo, va, _mm512_loadu_ps(grad + i));
+    _mm512_storeu_ps(m + i, mo);
+    _mm512_storeu_ps(v + i, va);
+    _mm512_storeu_ps(master + i, p);
     if constexpr (!std::is_void_v<W>) store(out + i, p);
   }
   if (i < n) simd::adamw_tail(s, master + i, m + i, v + i, grad + i, n - i, simd::advance(out, i));
@@ -108,8 +147,28 @@ ZSHARD_AVX512_BF16 inline void adamw_update_bf16_native(const adamw_step& s, flo
                                                         const float* grad, std::size_t n, bf16* out) noexcept {
   const lanes k = broadcast(simd::adamw_constants(s));
   std::size_t i = 0;
+  for (; i + 16 * span <= n; i += 16 * span) {
+    __m512 p[span], mo[span], va[span], g[span];
+    for (std::size_t j = 0; j < span; ++j) {
+      g[j] = _mm512_loadu_ps(grad + i + 16 * j);
+      mo[j] = _mm512_loadu_ps(m + i + 16 * j);
+      va[j] = _mm512_loadu_ps(v + i + 16 * j);
+      p[j] = _mm512_loadu_ps(master + i + 16 * j);
+    }
+    for (std::size_t j = 0; j < span; ++j) update(k, p[j], mo[j], va[j], g[j]);
+    for (std::size_t j = 0; j < span; ++j) {
+      _mm512_storeu_ps(m + i + 16 * j, mo[j]);
+      _mm512_storeu_ps(v + i + 16 * j, va[j]);
+      _mm512_storeu_ps(master + i + 16 * j, p[j]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 16 * j), to_bf16_bits_native(p[j]));
+    }
+  }
   for (; i + 16 <= n; i += 16) {
-    const __m512 p = update(k, master + i, m + i, v + i, grad + i);
+    __m512 p = _mm512_loadu_ps(master + i), mo = _mm512_loadu_ps(m + i), va = _mm512_loadu_ps(v + i);
+    update(k, p, mo, va, _mm512_loadu_ps(grad + i));
+    _mm512_storeu_ps(m + i, mo);
+    _mm512_storeu_ps(v + i, va);
+    _mm512_storeu_ps(master + i, p);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_bits_native(p));
   }
   if (i < n) simd::adamw_tail(s, master + i, m + i, v + i, grad + i, n - i, out + i);

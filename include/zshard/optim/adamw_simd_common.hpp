@@ -25,6 +25,7 @@ namespace zshard::optim::simd {
 
 struct adamw_constants {
   float b1, one_minus_b1, b2, one_minus_b2, eps, grad_scale, decay, step_size, sqrt_bc2;
+  float inv_sqrt_bc2;  // RN(1 / sqrt_bc2): what lets a kernel divide by sqrt_bc2 exactly without a division
 
   explicit adamw_constants(const adamw_step& s) noexcept
       : b1(s.beta1),
@@ -35,7 +36,8 @@ struct adamw_constants {
         grad_scale(s.grad_scale),
         decay(1.0f - s.lr * s.weight_decay),
         step_size(s.lr / s.bias_correction1),
-        sqrt_bc2(std::sqrt(s.bias_correction2)) {}
+        sqrt_bc2(std::sqrt(s.bias_correction2)),
+        inv_sqrt_bc2(1.0f / sqrt_bc2) {}
 };
 
 // The elements after the last full vector, through the reference itself. Out of line on

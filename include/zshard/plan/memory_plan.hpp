@@ -35,7 +35,10 @@
 //                     backward of its last counted use), and freed as the Reducer
 //                     reduce-scatters them: a gradient that would overflow
 //                     reduce_bucket_numel flushes the bucket first, a full bucket flushes at
-//                     once, end_backward flushes the rest.
+//                     once, end_backward flushes the rest. A flush first packs replicated
+//                     gradients of at most reduce.replicated_pack_numel elements into staging
+//                     packs of at most that many (charged here, each gradient freed as copied)
+//                     for one all-reduce per pack.
 //  - scratch          the reduce-scatter's output, shard·4, while one parameter is reduced
 //                     (replicated ones are all-reduced in place); gather_param() stages the
 //                     padded value as f32 beside the gathered one (padded·(4 + e)), an export

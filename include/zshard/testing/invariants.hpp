@@ -63,7 +63,9 @@ std::vector<std::string> step_boundary_violations(const Engine& eng) {
 //               at once (the HookTracker says which, when it is track::use_counter)
 //             + the largest D modules' gradients, D = the deepest nesting of backward scopes
 //               (1 unless backward scopes nest) )
-// Replicated parameters count like the others (their full gradient is all-reduced in place).
+//             + one staging pack of small replicated gradients, at most
+//               reduce.replicated_pack_numel elements (the Reducer all-reduces it once)
+// Replicated parameters count like the others.
 // A tracker that does not report uses and nesting gets the bound that assumes every gradient
 // may wait. It never fires on a correct run; a Reducer that copies its bucket (the regression
 // I6 exists for) breaks it.
@@ -115,8 +117,14 @@ std::vector<std::string> memory_bound_violations(const Engine& eng) {
   std::sort(module_grads.rbegin(), module_grads.rend());
   std::size_t open_grads = 0;
   for (std::size_t i = 0; i < depth && i < module_grads.size(); ++i) open_grads += module_grads[i];
+  // The Reducer's one staging pack of small replicated gradients (reduce/bucketed.hpp).
+  std::size_t packable = 0;
+  for (param_id p = 0; p < spec.params().size(); ++p)
+    if (spec.param(p).trainable && eng.layout(p).replicated && eng.layout(p).numel <= cfg.reduce.replicated_pack_numel)
+      packable += eng.layout(p).numel;
+  const std::size_t pack = std::min(packable, cfg.reduce.replicated_pack_numel);
   const std::size_t bucket_bound =
-      (std::max(cfg.reduce.reduce_bucket_numel, largest_param) + waiting + open_grads) * sizeof(float);
+      (std::max(cfg.reduce.reduce_bucket_numel, largest_param) + waiting + open_grads + pack) * sizeof(float);
   if (l.peak(mem_category::grad_buckets) > bucket_bound)
     v.push_back("full gradients peaked at " + std::to_string(l.peak(mem_category::grad_buckets)) +
                 " bytes, above one bucket, the gradients waiting for later uses and those of the open backward "
