@@ -1,15 +1,62 @@
 #!/usr/bin/env bash
-# The test command: set-up, then build and run ctest in the CI preset and the sanitizer
-# presets. Usage: scripts/test.sh [preset...]   (default: ci asan tsan)
+# The test command: set-up, then each step in turn. Usage: scripts/test.sh [step...]
+#   ci, asan, tsan  build and run ctest in that CMake preset (warnings are errors there)
+#   plain           a plain `cmake -B build/plain -DCMAKE_BUILD_TYPE=Release` build of the
+#                   examples and tests, as a user without presets does, and its ctest
+#   consumer        install-only configure + `cmake --install`, then a tiny project that
+#                   find_package(zshard)s the installed copy, builds and trains
+#   conan           `conan create conan/` offline: Eigen and doctest come from the system
+# Default: ci asan tsan plain consumer conan. Python tools (matplotlib for tools/plot_memory.py,
+# conan) go into a virtual environment, build/venv, from PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-presets=("$@")
-((${#presets[@]})) || presets=(ci asan tsan)
+steps=("$@")
+((${#steps[@]})) || steps=(ci asan tsan plain consumer conan)
 jobs=$(nproc)
-for p in "${presets[@]}"; do
-  echo "==== preset $p ===="
-  cmake --preset "$p" >/dev/null
-  cmake --build --preset "$p" -j "$jobs"
-  ctest --preset "$p" -j "$jobs"
+root=$PWD
+venv=$root/build/venv
+
+python_venv() {
+  if [ ! -x "$venv/bin/python3" ]; then
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/python3" -m pip install -q --disable-pip-version-check matplotlib "conan>=2,<3"
+}
+
+for s in "${steps[@]}"; do
+  echo "==== $s ===="
+  start=$SECONDS
+  case "$s" in
+    ci | asan | tsan | dev)
+      python_venv
+      cmake --preset "$s" -DPython3_EXECUTABLE="$venv/bin/python3" >/dev/null
+      cmake --build --preset "$s" -j "$jobs"
+      ctest --preset "$s" -j "$jobs"
+      ;;
+    plain)
+      # No preset, no -Werror, -O3 (CMake's Release default), CUDA off (ci compiles it).
+      cmake -B build/plain -DCMAKE_BUILD_TYPE=Release -DZSHARD_CUDA=OFF -DZSHARD_BUILD_BENCH=OFF >/dev/null
+      cmake --build build/plain -j "$jobs"
+      ctest --test-dir build/plain -j "$jobs" --output-on-failure
+      ;;
+    consumer)
+      cmake --preset install >/dev/null
+      rm -rf build/consumer
+      cmake --install build/install --prefix build/consumer/prefix >/dev/null
+      cmake -S conan/test_package -B build/consumer/build -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_PREFIX_PATH="$root/build/consumer/prefix" >/dev/null
+      cmake --build build/consumer/build -j "$jobs"
+      ./build/consumer/build/sharded_training
+      ;;
+    conan)
+      python_venv
+      bash conan/create_offline.sh "$venv/bin/conan"
+      ;;
+    *)
+      echo "test.sh: unknown step '$s' (ci asan tsan dev plain consumer conan)" >&2
+      exit 2
+      ;;
+  esac
+  echo "==== $s: $((SECONDS - start)) s ===="
 done
