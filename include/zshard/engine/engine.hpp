@@ -31,6 +31,7 @@
 #include "zshard/prefetch/prefetcher.hpp"
 #include "zshard/reduce/reducer.hpp"
 #include "zshard/state/param_store.hpp"
+#include "zshard/trace/trace_sink.hpp"
 #include "zshard/track/hook_tracker.hpp"
 
 namespace zshard {
@@ -70,6 +71,7 @@ class engine {
         comm_(comm),
         spec_(validated(std::move(spec))),
         cfg_(validated(std::move(cfg), comm.rank())),
+        trace_(start_trace(backend, cfg_, comm.rank())),
         layouts_(make_layouts()),
         store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap, compute ? &*compute : nullptr),
         offloader_(store_, comm, cfg_.adamw, cfg_.offload),
@@ -96,6 +98,7 @@ class engine {
       // already failed (a collective timed out, a device error): the backend reports it again
     }
     if (activation_bytes_) backend_.ledger().release(mem_category::activations, activation_bytes_);
+    if (trace_) trace_->unwatch();
   }
 
   // ---- the scopes ----------------------------------------------------------------------------
@@ -130,9 +133,15 @@ class engine {
     ZSHARD_REQUIRE(open_scopes_ == 0, error_kind::usage,
                    "end_backward() with " + std::to_string(open_scopes_) + " module scope(s) still open");
     completed_.clear();
+    const std::size_t swept_before = swept_.size();
     tracker_.on_end_backward(completed_, swept_);
-    for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
-    reducer_.flush(offloader_);
+    log_swept(swept_before);
+    {
+      trace_span t(trace_, "reduce", "reduce-scatter (end of backward)");
+      for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
+      reducer_.flush(offloader_);
+    }
+    trace_span t(trace_, "release", "release (end of backward)");
     residency_.end_holds();  // I3: holds end here
     check(residency_.resident_by_scan() == store_.resident_numel(),
           "resident elements disagree with the gathered set (I5)");
@@ -155,7 +164,10 @@ class engine {
     swept_.clear();
 
     store_.streams().order(stream_role::compute, stream_role::reduce);  // the Offloader reads gradient shards
-    const auto [sum_squares, overflow] = global_grad_stats();
+    const auto [sum_squares, overflow] = [&] {
+      trace_span t(trace_, "wait", "gradient norm all-reduce (waits for every rank)");
+      return global_grad_stats();
+    }();
     const double denom = double(micro_batches_) * double(scaler_.scale());
     r.grad_norm = std::sqrt(sum_squares) / denom;
     if (overflow) {
@@ -164,6 +176,7 @@ class engine {
       offloader_.discard_grads();
     } else {
       r.clip_coefficient = optim::clip_coefficient(r.grad_norm, cfg_.clip_norm);
+      trace_span t(trace_, "optimizer", "optimizer (AdamW, host copies)");
       offloader_.update({++step_, lr_, static_cast<float>(r.clip_coefficient / denom)});
     }
     publish_shards();
@@ -172,6 +185,7 @@ class engine {
     r.loss_scale = scaler_.scale();
     micro_batches_ = 0;
     prefetcher_.on_step();
+    trace_span t(trace_, "release", "release (step)");
     residency_.release_unpinned();
     check(store_.gathered_set().empty() && reducer_.pending_numel() == 0, "step boundary is not clean (I4)");
     check(residency_.resident_by_scan() == store_.resident_numel(),
@@ -257,6 +271,36 @@ class engine {
     return c;
   }
 
+  // The rank's share of the trace, watching its ledger from before the first allocation.
+  static rank_trace* start_trace(Backend& backend, const engine_config& c, int rank) {
+    if (!c.trace) return nullptr;
+    rank_trace& t = c.trace->rank(rank);
+    t.watch(backend.ledger());
+    return &t;
+  }
+
+  // The scope's user work (forward / backward / recompute / no_grad) as one span.
+  void end_scope_span(module_id m, bool is_backward) {
+    for (std::size_t i = open_spans_.size(); i-- > 0;) {
+      const open_span o = open_spans_[i];
+      if (o.module != m || o.backward != is_backward) continue;
+      open_spans_.erase(open_spans_.begin() + std::ptrdiff_t(i));
+      const std::string_view name = is_backward ? std::string_view("backward") : to_string(o.kind);
+      trace_->span("scope", std::string(name == "counted" ? "forward" : name), spec_.module(m).name, o.begin,
+                   trace_->now());
+      return;
+    }
+  }
+
+  // engine_config::log promises swept uses (I3): a forward whose backward never ran.
+  void log_swept(std::size_t from) const {
+    for (std::size_t i = from; i < swept_.size(); ++i)
+      cfg_.say("swept " + std::to_string(swept_[i].pending_uses) + " use(s) of module '" +
+               spec_.module(swept_[i].module).name +
+               "' whose backward never ran (released and reduced at end_backward; use use_kind::no_grad for passes "
+               "without backward)");
+  }
+
   std::vector<shard_layout> make_layouts() const {
     std::vector<shard_layout> l;
     l.reserve(spec_.params().size());
@@ -330,7 +374,10 @@ class engine {
       tracker_.on_forward(m, kind);
     ahead_.clear();
     prefetcher_.on_scope_enter(m, kind, ahead_);
-    residency_.open(m, ahead_);
+    {
+      trace_span t(trace_, "gather", ahead_.empty() ? "gather" : "gather + prefetch", spec_.module(m).name);
+      residency_.open(m, ahead_);
+    }
     if (is_backward) {
       for (param_id p : spec_.module(m).params) {
         auto& s = store_[p];
@@ -341,6 +388,7 @@ class engine {
       }
     }
     ++open_scopes_;
+    if (trace_) [[unlikely]] open_spans_.push_back({m, kind, is_backward, trace_->now()});
   }
 
   // A failure half-way through closing a scope (a collective in the Reducer, an invariant)
@@ -349,12 +397,15 @@ class engine {
     rethrow_if_broken();
     try {
       --open_scopes_;
+      if (trace_) [[unlikely]] end_scope_span(m, is_backward);
       store_.streams().note_work(stream_role::compute);  // the scope's own kernels, before any reduction of them
       if (is_backward) {
         completed_.clear();
         tracker_.on_backward_done(m, completed_);
+        trace_span t(trace_, "reduce", "reduce-scatter", spec_.module(m).name);
         for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
       }
+      trace_span t(trace_, "release", "release", spec_.module(m).name);
       residency_.close(m, tracker_.keeps_gathered(m));
     } catch (...) {
       broken_ = std::current_exception();
@@ -431,6 +482,14 @@ class engine {
   Comm& comm_;
   const model_spec spec_;
   const engine_config cfg_;
+  rank_trace* trace_;  // null unless cfg_.trace: before store_, so it sees every allocation
+  struct open_span {
+    module_id module;
+    use_kind kind;
+    bool backward;
+    rank_trace::clock::time_point begin;
+  };
+  std::vector<open_span> open_spans_;  // scopes open while tracing (they may nest)
   [[no_unique_address]] partitioner_type partitioner_{};
   std::vector<shard_layout> layouts_;
   param_store<Backend> store_;
