@@ -292,13 +292,19 @@ class engine {
     }
   }
 
-  // engine_config::log promises swept uses (I3): a forward whose backward never ran.
-  void log_swept(std::size_t from) const {
-    for (std::size_t i = from; i < swept_.size(); ++i)
-      cfg_.say("swept " + std::to_string(swept_[i].pending_uses) + " use(s) of module '" +
-               spec_.module(swept_[i].module).name +
-               "' whose backward never ran (released and reduced at end_backward; use use_kind::no_grad for passes "
-               "without backward)");
+  // engine_config::log promises swept uses (I3): a forward whose backward never ran. Said once
+  // per module, so a loop that sweeps every step does not flood the log; step_report::swept
+  // lists every one.
+  void log_swept(std::size_t from) {
+    for (std::size_t i = from; i < swept_.size(); ++i) {
+      const module_id m = swept_[i].module;
+      if (swept_said_.size() <= m) swept_said_.resize(spec_.modules().size(), false);
+      if (swept_said_[m]) continue;
+      swept_said_[m] = true;
+      cfg_.say("swept " + std::to_string(swept_[i].pending_uses) + " use(s) of module '" + spec_.module(m).name +
+               "' whose backward never ran: released and reduced at end_backward (use use_kind::no_grad for passes "
+               "without backward; said once per module, step_report::swept lists every one)");
+    }
   }
 
   std::vector<shard_layout> make_layouts() const {
@@ -507,6 +513,7 @@ class engine {
   std::vector<param_id> completed_;
   std::vector<param_id> ahead_;
   std::vector<swept_use> swept_;
+  std::vector<bool> swept_said_;  // modules whose sweep was logged
   std::exception_ptr broken_;
 };
 
