@@ -18,7 +18,10 @@
 #include "gpt/zshard_gpt.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
+#include "zshard/config/deepspeed_config.hpp"
 #include "zshard/engine/engine.hpp"
+#include "zshard/plan/memory_plan.hpp"
+#include "zshard/trace/trace_sink.hpp"
 
 namespace {
 
@@ -37,6 +40,9 @@ struct options {
   std::string text;
   std::uint64_t seed = 1234;
   std::size_t persistence_threshold = 1024;  // biases and layer-norm gains stay replicated
+  std::string deepspeed_config;  // a DeepSpeed JSON config to take sizes and hyper-parameters from
+  std::string trace_file;        // Chrome/Perfetto trace of one step
+  int trace_step = 3;
   bool help = false;
 };
 
@@ -60,7 +66,12 @@ void usage() {
       "  --eval-every N     no-grad evaluation pass every N steps, 0 = never (default 25)\n"
       "  --log-every N      print a step line every N steps (default 10)\n"
       "  --text FILE        train on the bytes of FILE instead of the synthetic language\n"
-      "  --seed N           initialisation and data seed (default 1234)\n");
+      "  --seed N           initialisation and data seed (default 1234)\n"
+      "  --deepspeed-config FILE  take ZeRO-3 sizes, precision, clipping, AdamW and\n"
+      "                     gradient_accumulation_steps from a DeepSpeed JSON config\n"
+      "  --trace FILE       write a Chrome/Perfetto trace (engine events, each rank's ledger)\n"
+      "                     of one step to FILE; tools/plot_memory.py draws it\n"
+      "  --trace-step N     the step to trace (default 3: after the prefetch trace is recorded)\n");
 }
 
 options parse(int argc, char** argv) {
@@ -94,9 +105,15 @@ options parse(int argc, char** argv) {
     else if (a == "--log-every") o.log_every = positive(a, value(i));
     else if (a == "--text") o.text = value(i);
     else if (a == "--seed") o.seed = std::stoull(value(i));
+    else if (a == "--deepspeed-config") o.deepspeed_config = value(i);
+    else if (a == "--trace") o.trace_file = value(i);
+    else if (a == "--trace-step") o.trace_step = positive(a, value(i));
     else throw std::invalid_argument("unknown option '" + a + "' (try --help)");
   }
   if (o.ranks > 64) throw std::invalid_argument("--ranks: at most 64 thread ranks");
+  if (!o.trace_file.empty() && o.trace_step > o.steps)
+    throw std::invalid_argument("--trace-step " + std::to_string(o.trace_step) + " is after the last step (--steps " +
+                                std::to_string(o.steps) + ")");
   return o;
 }
 
@@ -124,10 +141,46 @@ void print_peak_table(const std::vector<peak_row>& rows) {
   }
 }
 
+// --deepspeed-config: sizes, precision, clipping, AdamW and micro-batches from the file (with the
+// model's width for the Trainer's "auto" rules); unknown keys are warnings, the rest notes.
+void apply_deepspeed(const gpt::gpt_config& mc, zshard::engine_config& cfg, options& o) {
+  const auto ds = zshard::config::read_deepspeed_config(o.deepspeed_config, {.hidden_size = std::size_t(mc.d_model)});
+  for (const auto& k : ds.unknown_keys)
+    std::fprintf(stderr, "%s\n", ("02_train_gpt: warning: " + o.deepspeed_config + ": unknown key '" + k + "' ignored").c_str());
+  for (const auto& n : ds.notes) std::printf("deepspeed config: %s\n", n.c_str());
+  zshard::engine_config imported = ds.engine;
+  imported.log = cfg.log;
+  cfg = imported;
+  o.bf16 = cfg.param_dtype == zshard::dtype::bf16;
+  if (cfg.param_dtype == zshard::dtype::f16)
+    std::printf("deepspeed config: fp16 working parameters with dynamic loss scaling\n");
+  o.micro_batches = ds.gradient_accumulation_steps;
+  if (ds.micro_batch_size) o.batch = *ds.micro_batch_size;
+  o.lr = cfg.adamw.lr;
+  if (ds.offload_optimizer)
+    std::printf("deepspeed config: offload_optimizer cpu: on the host backend device memory is host memory, so this "
+                "example keeps offload::on_device (zshard_plan --deepspeed-config shows the offloaded plan)\n");
+}
+
+// The plan's device peak per rank for this run (plan/memory_plan.hpp): the schedule the GPT
+// runner follows, with the activation bytes it reported (it holds them all from the end of
+// forward to the end of backward, so they are charged to the first module, which is released last).
+std::size_t plan_peak(const gpt::zshard_model& model, const zshard::engine_config& cfg, int ranks, bool checkpoint,
+                      int micro_batches, std::size_t activation_bytes) {
+  zshard::plan::step_schedule s;
+  s.micro_batches = micro_batches;
+  s.modules.push_back({.module = model.embed, .kept_bytes = activation_bytes});
+  for (zshard::module_id b : model.blocks) s.modules.push_back({.module = b, .recomputed = checkpoint});
+  s.modules.push_back({.module = model.head});
+  zshard::engine_config plain = cfg;
+  plain.trace = nullptr;
+  return zshard::plan::plan_memory(model.spec, plain, ranks, s).device.total_peak;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const options o = parse(argc, argv);
+  options o = parse(argc, argv);
   if (o.help) {
     usage();
     return 0;
@@ -145,6 +198,13 @@ int main(int argc, char** argv) try {
   cfg.adamw.weight_decay = 0.01f;
   cfg.clip_norm = o.clip;
   cfg.reduce.reduce_bucket_numel = 1 << 16;
+  if (!o.deepspeed_config.empty()) apply_deepspeed(mc, cfg, o);
+
+  zshard::trace_sink trace;
+  if (!o.trace_file.empty()) {
+    cfg.trace = &trace;
+    trace.set_recording(false);  // on for --trace-step only
+  }
 
   const std::size_t total = model.spec.total_numel();
   std::printf("zshard GPT example: %d thread ranks, %zu parameters (%.2f MiB f32) in %zu modules, %s data, vocab %d\n",
@@ -157,6 +217,7 @@ int main(int argc, char** argv) try {
   std::mutex mu;
   std::vector<peak_row> step_peaks(static_cast<std::size_t>(o.ranks)), run_peaks(static_cast<std::size_t>(o.ranks));
   double first_loss = 0, last_loss = 0;
+  std::size_t activation_peak = 0;  // bytes, any rank (the same on every rank)
 
   zshard::run_ranks(o.ranks, [&](zshard::thread_comm& comm) {
     const int rank = comm.rank();
@@ -166,6 +227,12 @@ int main(int argc, char** argv) try {
     const int T = mc.seq_len;
     auto clock_start = std::chrono::steady_clock::now();
     for (int step = 1; step <= o.steps; ++step) {
+      const bool traced = cfg.trace && step == o.trace_step;
+      if (traced) {  // every rank is between steps: the traced window is exactly this step
+        comm.barrier();
+        if (rank == 0) trace.set_recording(true);
+        comm.barrier();
+      }
       backend.ledger().reset_peaks();
       double loss = 0;
       for (int mb = 0; mb < o.micro_batches; ++mb) {
@@ -174,6 +241,10 @@ int main(int argc, char** argv) try {
         loss += runner.train_micro_batch(data.get_rows(index, rank * o.batch, o.batch, T));
       }
       const zshard::step_report rep = eng.step();
+      if (traced) {
+        comm.barrier();
+        if (rank == 0) trace.set_recording(false);
+      }
       float mean_loss = float(loss / o.micro_batches);
       comm.all_reduce(&mean_loss, &mean_loss, 1, zshard::dtype::f32, zshard::reduce_op::average);
       {
@@ -186,6 +257,8 @@ int main(int argc, char** argv) try {
         }
         row.total = backend.ledger().total_peak();
         run.total = std::max(run.total, row.total);
+        const std::size_t act = backend.ledger().peak(zshard::mem_category::activations);
+        activation_peak = std::max(activation_peak, act);
       }
       comm.barrier();  // every rank's peaks are in before rank 0 prints them
       if (rank == 0) {
@@ -220,6 +293,15 @@ int main(int argc, char** argv) try {
     }
   });
   print_peak_table(run_peaks);
+  if (!o.trace_file.empty()) {
+    const std::size_t planned =
+        plan_peak(model, cfg, o.ranks, o.checkpoint, o.micro_batches, activation_peak);
+    trace.set_metadata("plan_peak_bytes", double(planned));
+    trace.set_metadata("traced_step", o.trace_step);
+    trace.write_file(o.trace_file);
+    std::printf("\ntrace of step %d written to %s (open it in ui.perfetto.dev; plan peak %s MiB per rank)\n",
+                o.trace_step, o.trace_file.c_str(), mib(planned).c_str());
+  }
   std::printf("\nloss %.4f -> %.4f over %d steps (%s)\n", first_loss, last_loss, o.steps,
               last_loss < first_loss ? "falling" : "NOT falling");
   return last_loss < first_loss ? 0 : 1;
