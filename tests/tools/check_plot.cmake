@@ -1,3 +1,4 @@
+cmake_minimum_required(VERSION 3.22)
 # tools/plot_memory.py on the main job's trace writes a PNG (checked by its signature).
 # Skipped (ctest SKIP_REGULAR_EXPRESSION) when matplotlib is not installed.
 # Usage: cmake -DPYTHON=... -DSCRIPT=... -DTRACE=... -DPNG=... -P check_plot.cmake

@@ -1,3 +1,4 @@
+cmake_minimum_required(VERSION 3.22)
 # Runs the main job (02_train_gpt) short, with a periodic no-grad evaluation and a trace, and
 # checks what a user sees: exit 0, loss falling, and nothing at all on standard error (no
 # warning: the evaluation keeps its own prefetch trace; no garbled "zshard: zshard:" line).
