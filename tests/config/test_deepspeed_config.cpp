@@ -18,7 +18,8 @@ namespace {
 const std::string sample_path = std::string(ZSHARD_TEST_DATA_DIR) + "/ds_70b_sft_zero3_offload.json";
 
 bool mentions(const std::vector<std::string>& lines, const std::string& what) {
-  return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(what) != std::string::npos; });
+  return std::any_of(lines.begin(), lines.end(),
+                     [&](const std::string& l) { return l.find(what) != std::string::npos; });
 }
 
 // The error a config text gives (config kind), as its message.
@@ -87,9 +88,9 @@ TEST_CASE("unknown keys are reported once each, by their dotted name") {
   const auto ds = parse_deepspeed_config(
       R"({"zero_optimization": {"stage": 3, "stage3_magic": 1, "offload_optimizer": {"device": "cpu", "turbo": true}},
           "my_own_key": {"a": 1}, "fp16": {"enabled": false, "mystery": 2}})");
-  CHECK(ds.unknown_keys ==
-        std::vector<std::string>{"zero_optimization.stage3_magic", "zero_optimization.offload_optimizer.turbo",
-                                 "my_own_key", "fp16.mystery"});
+  CHECK(ds.unknown_keys == std::vector<std::string>{"zero_optimization.stage3_magic",
+                                                    "zero_optimization.offload_optimizer.turbo", "my_own_key",
+                                                    "fp16.mystery"});
   const auto lines = ds.messages();
   CHECK(std::count_if(lines.begin(), lines.end(),
                       [](const std::string& l) { return l.find("'my_own_key'") != std::string::npos; }) == 1);

@@ -26,7 +26,7 @@ struct rank_peaks {
 
 struct traced_run {
   std::vector<std::vector<float>> params;  // rank 0's gathered parameters after training
-  std::map<int, rank_peaks> peaks;          // each rank's ledger peaks over the whole run
+  std::map<int, rank_peaks> peaks;         // each rank's ledger peaks over the whole run
 };
 
 // toy::train_rank's loop, with activations reported (different per rank) so every category moves.
@@ -89,7 +89,7 @@ TEST_CASE("the trace parses, covers every rank and event kind, and its counter p
   REQUIRE(j.contains("traceEvents"));
   const auto& events = j["traceEvents"];
 
-  std::map<int, std::set<std::string>> categories;   // per rank
+  std::map<int, std::set<std::string>> categories;  // per rank
   std::map<int, rank_peaks> counter_peaks;
   std::map<int, std::string> process_names;
   for (const auto& e : events) {

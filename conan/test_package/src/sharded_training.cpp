@@ -46,8 +46,14 @@ TEST_CASE("a two-layer model trains sharded over 2 ranks and its loss falls") {
     matrix x, y, h, pred;
     for (int step = 0; step < 200; ++step) {
       batch(step, comm.rank(), x, y);
-      { auto g = eng.forward(l1); h = x * cmap(g.param_data<float>(0), in, hidden); }
-      { auto g = eng.forward(l2); pred = h * cmap(g.param_data<float>(0), hidden, out); }
+      {
+        auto g = eng.forward(l1);
+        h = x * cmap(g.param_data<float>(0), in, hidden);
+      }
+      {
+        auto g = eng.forward(l2);
+        pred = h * cmap(g.param_data<float>(0), hidden, out);
+      }
       const matrix dpred = (pred - y) * (2.0f / float(pred.size()));  // d(mean squared error)
       const double loss = (pred - y).squaredNorm() / double(pred.size());
       if (step == 0) first[std::size_t(comm.rank())] = loss;
@@ -59,7 +65,10 @@ TEST_CASE("a two-layer model trains sharded over 2 ranks and its loss falls") {
         map(g.grad_data(0), hidden, out) += h.transpose() * dpred;
         dh = dpred * cmap(g.param_data<float>(0), hidden, out).transpose();
       }
-      { auto g = eng.backward(l1); map(g.grad_data(0), in, hidden) += x.transpose() * dh; }
+      {
+        auto g = eng.backward(l1);
+        map(g.grad_data(0), in, hidden) += x.transpose() * dh;
+      }
       eng.end_backward();
       eng.step();
       ZSHARD_CHECK_STEP_INVARIANTS(eng);

@@ -34,7 +34,8 @@
 //
 // Needs nlohmann-json (Debian: nlohmann-json3-dev; CMake: nlohmann_json::nlohmann_json).
 #if !__has_include(<nlohmann/json.hpp>)
-#error "zshard/config/deepspeed_config.hpp needs nlohmann-json: install nlohmann-json3-dev (or the nlohmann_json package) and link nlohmann_json::nlohmann_json"
+#error \
+    "zshard/config/deepspeed_config.hpp needs nlohmann-json: install nlohmann-json3-dev (or the nlohmann_json package) and link nlohmann_json::nlohmann_json"
 #endif
 #include <nlohmann/json.hpp>
 
@@ -60,11 +61,11 @@ struct import_options {
 };
 
 struct deepspeed_settings {
-  engine_config engine;              // every value that maps; the rest keeps zshard's defaults
-  bool offload_optimizer = false;    // offload_optimizer.device == "cpu": use offload::host_adam
-  bool pin_memory = false;           // offload_optimizer.pin_memory, as read
-  int gradient_accumulation_steps = 1;  // micro-batches per optimizer step (the training loop runs them)
-  std::optional<int> micro_batch_size;  // train_micro_batch_size_per_gpu, when a number
+  engine_config engine;                   // every value that maps; the rest keeps zshard's defaults
+  bool offload_optimizer = false;         // offload_optimizer.device == "cpu": use offload::host_adam
+  bool pin_memory = false;                // offload_optimizer.pin_memory, as read
+  int gradient_accumulation_steps = 1;    // micro-batches per optimizer step (the training loop runs them)
+  std::optional<int> micro_batch_size;    // train_micro_batch_size_per_gpu, when a number
   std::vector<std::string> unknown_keys;  // dotted names, once each, in file order
   std::vector<std::string> notes;         // "auto" values and keys with no zshard counterpart
 
@@ -132,20 +133,29 @@ class deepspeed_reader {
   deepspeed_settings read(const nlohmann::ordered_json& root) {
     in_.require_object(root, "");
     for (const auto& [key, v] : root.items()) {
-      if (key == "zero_optimization") zero(v);
+      if (key == "zero_optimization")
+        zero(v);
       else if (key == "gradient_clipping") {
         if (auto x = in_.number(v, key, 0.0, INFINITY, "a norm >= 0 (0 turns clipping off)"))
           out_.engine.clip_norm = *x;
-        else auto_note(key, "keeps clip_norm = " + fmt(out_.engine.clip_norm));
+        else
+          auto_note(key, "keeps clip_norm = " + fmt(out_.engine.clip_norm));
       } else if (key == "gradient_accumulation_steps") {
-        if (auto x = in_.count(v, key, 1, 1 << 20)) out_.gradient_accumulation_steps = int(*x);
-        else auto_note(key, "keeps 1 micro-batch per step; the training loop decides");
+        if (auto x = in_.count(v, key, 1, 1 << 20))
+          out_.gradient_accumulation_steps = int(*x);
+        else
+          auto_note(key, "keeps 1 micro-batch per step; the training loop decides");
       } else if (key == "train_micro_batch_size_per_gpu") {
-        if (auto x = in_.count(v, key, 1, 1 << 20)) out_.micro_batch_size = int(*x);
-        else auto_note(key, "the training loop's batch size applies");
-      } else if (key == "bf16" || key == "fp16") precision(key, v);
-      else if (key == "optimizer") optimizer(v);
-      else other(key);
+        if (auto x = in_.count(v, key, 1, 1 << 20))
+          out_.micro_batch_size = int(*x);
+        else
+          auto_note(key, "the training loop's batch size applies");
+      } else if (key == "bf16" || key == "fp16")
+        precision(key, v);
+      else if (key == "optimizer")
+        optimizer(v);
+      else
+        other(key);
     }
     if (half_[0] && half_[1])
       in_.fail("bf16.enabled and fp16.enabled", "are both true", "enable one working precision");
@@ -181,8 +191,10 @@ class deepspeed_reader {
       } else if (k == "reduce_bucket_size") {
         size_key(v, key, c.reduce.reduce_bucket_numel, 1, hidden_sq(1.0));
       } else if (k == "overlap_comm") {
-        if (auto b = in_.boolean(v, key)) c.overlap = *b;
-        else auto_note(key, "keeps overlap = on");
+        if (auto b = in_.boolean(v, key))
+          c.overlap = *b;
+        else
+          auto_note(key, "keeps overlap = on");
       } else if (k == "offload_optimizer") {
         offload_optimizer(v, key);
       } else if (k == "offload_param") {
@@ -199,12 +211,15 @@ class deepspeed_reader {
       const std::string key = where + "." + k;
       if (k == "device") {
         const std::string d = in_.string(v, key);
-        if (d == "cpu") out_.offload_optimizer = true;
-        else if (d == "none") out_.offload_optimizer = false;
+        if (d == "cpu")
+          out_.offload_optimizer = true;
+        else if (d == "none")
+          out_.offload_optimizer = false;
         else if (d == "nvme")
           in_.fail(key, "is \"nvme\": zshard offloads optimizer state to host memory, not to NVMe",
                    "use \"cpu\" (zshard::offload::host_adam) and size host memory with zshard_plan");
-        else in_.fail(key, "is \"" + d + "\"", "use \"cpu\" or \"none\"");
+        else
+          in_.fail(key, "is \"" + d + "\"", "use \"cpu\" or \"none\"");
       } else if (k == "pin_memory") {
         if (auto b = in_.boolean(v, key)) out_.pin_memory = *b;
         if (!out_.pin_memory)
@@ -295,8 +310,10 @@ class deepspeed_reader {
     for (const auto& [k, v] : p.items()) {
       const std::string key = "optimizer.params." + k;
       if (k == "lr") {
-        if (auto x = in_.number(v, key, 1e-30, 1e30, "a positive learning rate")) a.lr = float(*x);
-        else auto_note(key, "the training loop sets it (engine::set_lr); until then lr = " + fmt(a.lr));
+        if (auto x = in_.number(v, key, 1e-30, 1e30, "a positive learning rate"))
+          a.lr = float(*x);
+        else
+          auto_note(key, "the training loop sets it (engine::set_lr); until then lr = " + fmt(a.lr));
       } else if (k == "betas") {
         if (in_.is_auto(v)) {
           auto_note(key, "keeps (" + fmt(a.beta1) + ", " + fmt(a.beta2) + ")");
@@ -306,11 +323,15 @@ class deepspeed_reader {
         a.beta1 = float(*in_.number(v[0], key + "[0]", 0.0, 0.999999, "a decay in [0, 1)"));
         a.beta2 = float(*in_.number(v[1], key + "[1]", 0.0, 0.999999999, "a decay in [0, 1)"));
       } else if (k == "eps") {
-        if (auto x = in_.number(v, key, 1e-30, 1.0, "a small positive value")) a.eps = float(*x);
-        else auto_note(key, "keeps " + fmt(a.eps));
+        if (auto x = in_.number(v, key, 1e-30, 1.0, "a small positive value"))
+          a.eps = float(*x);
+        else
+          auto_note(key, "keeps " + fmt(a.eps));
       } else if (k == "weight_decay") {
-        if (auto x = in_.number(v, key, 0.0, 1e6, "a decay >= 0")) a.weight_decay = float(*x);
-        else auto_note(key, "keeps " + fmt(a.weight_decay));
+        if (auto x = in_.number(v, key, 0.0, 1e6, "a decay >= 0"))
+          a.weight_decay = float(*x);
+        else
+          auto_note(key, "keeps " + fmt(a.weight_decay));
       } else {
         other(key);
       }
@@ -327,8 +348,9 @@ class deepspeed_reader {
       auto_note(key, "= " + std::to_string(into) + " (the Trainer's rule for hidden_size " +
                          std::to_string(*opt_.hidden_size) + ")");
     } else {
-      auto_note(key, "keeps zshard's default " + std::to_string(into) +
-                         (opt_.hidden_size ? std::string() : " (give import_options::hidden_size for the Trainer's rule)"));
+      auto_note(key,
+                "keeps zshard's default " + std::to_string(into) +
+                    (opt_.hidden_size ? std::string() : " (give import_options::hidden_size for the Trainer's rule)"));
     }
   }
   std::optional<std::size_t> hidden_sq(double f) const {
@@ -337,8 +359,10 @@ class deepspeed_reader {
   }
 
   void other(const std::string& key) {
-    if (const char* why = no_counterpart(key)) note(key + ": no counterpart in zshard (" + why + ")");
-    else if (seen_.insert(key).second) out_.unknown_keys.push_back(key);
+    if (const char* why = no_counterpart(key))
+      note(key + ": no counterpart in zshard (" + why + ")");
+    else if (seen_.insert(key).second)
+      out_.unknown_keys.push_back(key);
   }
   void auto_note(const std::string& key, const std::string& what) {
     note(key + " is \"auto\" (the Hugging Face Trainer fills it in; zshard has none): " + what);

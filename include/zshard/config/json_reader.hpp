@@ -22,7 +22,9 @@ class json_reader {
     throw error(error_kind::config, source_ + ": " + key + " " + what, hint);
   }
 
-  static bool is_auto(const nlohmann::ordered_json& v) { return v.is_string() && v.get_ref<const std::string&>() == "auto"; }
+  static bool is_auto(const nlohmann::ordered_json& v) {
+    return v.is_string() && v.get_ref<const std::string&>() == "auto";
+  }
 
   void require_object(const nlohmann::ordered_json& v, const std::string& key) const {
     if (!v.is_object()) fail(key.empty() ? "the top level" : key, "must be a JSON object, got " + show(v));
@@ -46,7 +48,8 @@ class json_reader {
       return std::uint64_t(n);
     }
     const double d = v.get<double>();
-    if (!std::isfinite(d) || d != std::floor(d)) fail(key, "= " + v.dump() + " is not a whole number: must be " + range);
+    if (!std::isfinite(d) || d != std::floor(d))
+      fail(key, "= " + v.dump() + " is not a whole number: must be " + range);
     if (d < double(min) || d > double(max)) fail(key, "= " + v.dump() + " is out of range: must be " + range);
     return std::uint64_t(d);
   }

@@ -279,19 +279,6 @@ class engine {
     return &t;
   }
 
-  // The scope's user work (forward / backward / recompute / no_grad) as one span.
-  void end_scope_span(module_id m, bool is_backward) {
-    for (std::size_t i = open_spans_.size(); i-- > 0;) {
-      const open_span o = open_spans_[i];
-      if (o.module != m || o.backward != is_backward) continue;
-      open_spans_.erase(open_spans_.begin() + std::ptrdiff_t(i));
-      const std::string_view name = is_backward ? std::string_view("backward") : to_string(o.kind);
-      trace_->span("scope", std::string(name == "counted" ? "forward" : name), spec_.module(m).name, o.begin,
-                   trace_->now());
-      return;
-    }
-  }
-
   // engine_config::log promises swept uses (I3): a forward whose backward never ran. Said once
   // per module, so a loop that sweeps every step does not flood the log; step_report::swept
   // lists every one.
@@ -394,7 +381,8 @@ class engine {
       }
     }
     ++open_scopes_;
-    if (trace_) [[unlikely]] open_spans_.push_back({m, kind, is_backward, trace_->now()});
+    if (trace_) [[unlikely]]
+      trace_->scope_open(m, is_backward ? "backward" : kind == use_kind::counted ? "forward" : to_string(kind));
   }
 
   // A failure half-way through closing a scope (a collective in the Reducer, an invariant)
@@ -403,7 +391,7 @@ class engine {
     rethrow_if_broken();
     try {
       --open_scopes_;
-      if (trace_) [[unlikely]] end_scope_span(m, is_backward);
+      if (trace_) [[unlikely]] trace_->scope_close(m, is_backward, spec_.module(m).name);
       store_.streams().note_work(stream_role::compute);  // the scope's own kernels, before any reduction of them
       if (is_backward) {
         completed_.clear();
@@ -489,13 +477,6 @@ class engine {
   const model_spec spec_;
   const engine_config cfg_;
   rank_trace* trace_;  // null unless cfg_.trace: before store_, so it sees every allocation
-  struct open_span {
-    module_id module;
-    use_kind kind;
-    bool backward;
-    rank_trace::clock::time_point begin;
-  };
-  std::vector<open_span> open_spans_;  // scopes open while tracing (they may nest)
   [[no_unique_address]] partitioner_type partitioner_{};
   std::vector<shard_layout> layouts_;
   param_store<Backend> store_;

@@ -20,11 +20,11 @@
 namespace zshard {
 
 struct trace_event {
-  char phase = 'X';          // 'X' a span (ts, dur), 'i' an instant, 'C' a ledger counter sample
+  char phase = 'X';           // 'X' a span (ts, dur), 'i' an instant, 'C' a ledger counter sample
   std::string_view category;  // static strings only: "scope", "gather", "reduce", ...
   std::string name;
-  std::string detail;        // the module, or empty
-  double ts_us = 0;          // since the sink's creation
+  std::string detail;  // the module, or empty
+  double ts_us = 0;    // since the sink's creation
   double dur_us = 0;
   std::array<std::size_t, mem_category_count> bytes{};  // 'C' only: each category's bytes
 };
@@ -75,6 +75,19 @@ class rank_trace final : public ledger_observer {
     events_.push_back(std::move(e));
   }
 
+  // A module scope's user work (forward, backward, recompute, no_grad) as one span, from the
+  // scope's opening to its closing; scopes may nest.
+  void scope_open(std::size_t module, std::string_view kind) { open_scopes_.push_back({module, kind, now()}); }
+  void scope_close(std::size_t module, bool backward, std::string_view module_name) {
+    for (std::size_t i = open_scopes_.size(); i-- > 0;) {
+      const open_scope o = open_scopes_[i];
+      if (o.module != module || (o.kind == "backward") != backward) continue;
+      open_scopes_.erase(open_scopes_.begin() + std::ptrdiff_t(i));
+      span("scope", std::string(o.kind), module_name, o.begin, now());
+      return;
+    }
+  }
+
   void on_ledger_change(const memory_ledger& l) noexcept override {
     try {
       if (live()) sample(l);
@@ -106,19 +119,25 @@ class rank_trace final : public ledger_observer {
   }
   double us(clock::time_point t) const { return std::chrono::duration<double, std::micro>(t - origin_).count(); }
 
+  struct open_scope {
+    std::size_t module;
+    std::string_view kind;  // a static string
+    clock::time_point begin;
+  };
+
   int rank_;
   clock::time_point origin_;
   const std::atomic<bool>& recording_;
   bool was_on_ = true;
   memory_ledger* ledger_ = nullptr;
   std::vector<trace_event> events_;
+  std::vector<open_scope> open_scopes_;
 };
 
 // Times a span of engine work on one rank; does nothing at all when the trace is off (null).
 class trace_span {
  public:
-  trace_span(rank_trace* t, std::string_view category, std::string_view name, std::string_view detail = {})
-      : t_(t) {
+  trace_span(rank_trace* t, std::string_view category, std::string_view name, std::string_view detail = {}) : t_(t) {
     if (t_) [[unlikely]] {
       category_ = category;
       name_ = name;

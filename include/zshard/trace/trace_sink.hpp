@@ -88,7 +88,8 @@ class trace_sink {
 
   void write_file(const std::string& path) const {
     std::ofstream f(path, std::ios::binary);
-    ZSHARD_REQUIRE(f.good(), error_kind::io, "cannot write the trace to '" + path + "'", "check the path and permissions");
+    ZSHARD_REQUIRE(f.good(), error_kind::io, "cannot write the trace to '" + path + "'",
+                   "check the path and permissions");
     write(f);
     f.close();
     ZSHARD_REQUIRE(f.good(), error_kind::io, "writing the trace to '" + path + "' failed", "check free disk space");
