@@ -23,7 +23,6 @@ class ZshardConan(ConanFile):
         # The recipe lives in conan/; the library is the repository's include/ tree.
         root = os.path.join(self.recipe_folder, "..")
         copy(self, "include/*", src=root, dst=self.export_sources_folder)
-        copy(self, "README.md", src=root, dst=self.export_sources_folder)
 
     def layout(self):
         basic_layout(self, src_folder=".")
@@ -42,7 +41,6 @@ class ZshardConan(ConanFile):
 
     def package(self):
         copy(self, "*", src=os.path.join(self.source_folder, "include"), dst=os.path.join(self.package_folder, "include"))
-        copy(self, "README.md", src=self.source_folder, dst=os.path.join(self.package_folder, "licenses"))
 
     def package_info(self):
         self.cpp_info.set_property("cmake_file_name", "zshard")
