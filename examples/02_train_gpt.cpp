@@ -21,6 +21,7 @@
 #include "zshard/config/deepspeed_config.hpp"
 #include "zshard/engine/engine.hpp"
 #include "zshard/plan/memory_plan.hpp"
+#include "zshard/prefetch/pass_trace_prefetcher.hpp"
 #include "zshard/trace/trace_sink.hpp"
 
 namespace {
@@ -177,6 +178,11 @@ std::size_t plan_peak(const gpt::zshard_model& model, const zshard::engine_confi
   return zshard::plan::plan_memory(model.spec, plain, ranks, s).device.total_peak;
 }
 
+// One prefetch trace per kind of pass: the evaluation every --eval-every steps replays its own.
+struct example_policies : zshard::default_policies {
+  using prefetcher = zshard::prefetch::pass_trace;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -222,7 +228,7 @@ int main(int argc, char** argv) try {
   zshard::run_ranks(o.ranks, [&](zshard::thread_comm& comm) {
     const int rank = comm.rank();
     zshard::host_backend backend(std::nullopt, "rank " + std::to_string(rank));
-    zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, model.spec, cfg);
+    zshard::engine<zshard::host_backend, zshard::thread_comm, example_policies> eng(backend, comm, model.spec, cfg);
     gpt::zshard_gpt_runner<decltype(eng)> runner(eng, model, o.checkpoint);
     const int T = mc.seq_len;
     auto clock_start = std::chrono::steady_clock::now();

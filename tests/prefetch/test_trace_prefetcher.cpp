@@ -10,6 +10,7 @@
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
+#include "zshard/prefetch/pass_trace_prefetcher.hpp"
 #include "zshard/testing/invariants.hpp"
 
 using namespace zshard;
@@ -133,7 +134,7 @@ TEST_CASE("leaving the trace drops to on-demand, says so once, counts, and re-re
   CHECK(r.params == on_demand.params);
 }
 
-TEST_CASE("a periodic no-grad evaluation has its own trace: no divergence, prefetching stays on") {
+TEST_CASE("pass_trace: a periodic no-grad evaluation has its own trace: no divergence, prefetching stays on") {
   // steps 0..5; an evaluation (no-grad forward over every module) after steps 1 and 3
   engine_config cfg;
   cfg.prefetch.prefetch_numel = 2 * numel;
@@ -148,7 +149,7 @@ TEST_CASE("a periodic no-grad evaluation has its own trace: no divergence, prefe
   std::vector<std::vector<float>> params;
   run_ranks(2, [&](thread_comm& comm) {
     host_backend backend;
-    engine<host_backend, thread_comm> eng(backend, comm, chain(), cfg);
+    engine<host_backend, thread_comm, policies_with<prefetch::pass_trace>> eng(backend, comm, chain(), cfg);
     std::vector<std::size_t> first, eval_first;
     for (int step = 0; step < 6; ++step) {
       for (module_id m = 0; m < modules; ++m) {

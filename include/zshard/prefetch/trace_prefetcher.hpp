@@ -4,12 +4,7 @@
 // to gather the parameters of the scopes after i, up to prefetch_numel elements ahead, and it
 // advises keeping a parameter whose next use is within max_reuse_distance elements. When the
 // model stops following the trace (a dynamic model), it drops to on-demand for the rest of
-// the pass, says so once, counts it, and records a fresh trace on the next one.
-//
-// One trace per kind of pass: training (counted forwards, recomputes, backwards; a pass ends at
-// step()) and no-grad (a run of use_kind::no_grad scopes, such as an evaluation every N steps;
-// it ends at the next scope of another kind, or at step()). A periodic evaluation between
-// steps, or a no-grad pass inside one, leaves the training trace where it was: both replay.
+// the step, says so once, counts it, and records a fresh trace on the next step.
 //
 // The window of requested-but-not-yet-used scopes is kept incrementally, so a scope costs
 // O(1) amortised however far ahead prefetch_numel reaches (models with thousands of small
@@ -36,24 +31,45 @@ class trace {
     for (module_id m = 0; m < spec.modules().size(); ++m)
       for (param_id p : spec.module(m).params)
         if (!layouts[p].replicated) module_numel_[m] += layouts[p].padded_numel;
-    passes_[0] = passes_[1] = pass{};
-    in_no_grad_ = false;
+    state_ = state::recording;
+    trace_.clear();
+    recording_.clear();
+    pos_ = frontier_ = window_numel_ = 0;
   }
 
   void on_scope_enter(module_id m, use_kind kind, std::vector<param_id>& ahead) {
-    const bool no_grad = kind == use_kind::no_grad;
-    if (in_no_grad_ && !no_grad) end_pass(passes_[1], "no-grad pass");  // back to training
-    in_no_grad_ = no_grad;
-    enter(passes_[no_grad ? 1 : 0], m, kind, ahead);
+    if (state_ == state::recording) {
+      recording_.push_back({m, kind});
+      return;
+    }
+    if (state_ == state::on_demand) return;
+    if (pos_ >= trace_.size() || trace_[pos_].module != m || trace_[pos_].kind != kind) {
+      diverge(m, kind);
+      return;
+    }
+    // The scope at pos_ runs now: if it was requested ahead, it leaves the window.
+    if (frontier_ > pos_) window_numel_ -= module_numel_[m];
+    else {
+      frontier_ = pos_ + 1;
+      window_numel_ = 0;
+    }
+    ++pos_;
+    const std::size_t budget = cfg_.prefetch_numel;
+    while (frontier_ < trace_.size()) {
+      const module_id next = trace_[frontier_].module;
+      if (window_numel_ + module_numel_[next] > budget) break;
+      for (param_id p : spec_->module(next).params) ahead.push_back(p);
+      window_numel_ += module_numel_[next];
+      ++frontier_;
+    }
   }
 
   bool keep_after_scope(param_id p) const {
-    const pass& t = passes_[in_no_grad_ ? 1 : 0];
     const std::size_t reach = cfg_.max_reuse_distance;
-    if (t.mode != state::replaying || reach == 0) return false;
+    if (state_ != state::replaying || reach == 0) return false;
     std::size_t distance = 0;
-    for (std::size_t i = t.pos; i < t.trace.size() && distance <= reach; ++i) {
-      const module_id m = t.trace[i].module;
+    for (std::size_t i = pos_; i < trace_.size() && distance <= reach; ++i) {
+      const module_id m = trace_[i].module;
       for (param_id q : spec_->module(m).params)
         if (q == p) return true;
       distance += module_numel_[m];
@@ -62,16 +78,21 @@ class trace {
   }
 
   void on_step() {
-    if (in_no_grad_) end_pass(passes_[1], "no-grad pass");
-    in_no_grad_ = false;
-    end_pass(passes_[0], "step");
+    if (state_ == state::recording) {
+      trace_ = std::move(recording_);
+      recording_.clear();
+      state_ = trace_.empty() ? state::recording : state::replaying;
+    } else if (state_ == state::replaying && pos_ != trace_.size()) {
+      diverge_at_step_end();
+    } else if (state_ == state::on_demand) {
+      state_ = state::recording;
+    }
+    pos_ = frontier_ = window_numel_ = 0;
   }
 
   std::size_t divergences() const noexcept { return divergences_; }
-  // The training trace replays (the no-grad one: no_grad_replaying()).
-  bool replaying() const noexcept { return passes_[0].mode == state::replaying; }
-  bool no_grad_replaying() const noexcept { return passes_[1].mode == state::replaying; }
-  std::size_t trace_length() const noexcept { return passes_[0].trace.size(); }
+  bool replaying() const noexcept { return state_ == state::replaying; }
+  std::size_t trace_length() const noexcept { return trace_.size(); }
 
  private:
   enum class state { recording, replaying, on_demand };
@@ -79,80 +100,37 @@ class trace {
     module_id module;
     use_kind kind;
   };
-  struct pass {
-    state mode = state::recording;
-    std::vector<entry> trace, recording;
-    std::size_t pos = 0;           // next trace position expected
-    std::size_t frontier = 0;      // first trace position not yet requested ahead
-    std::size_t window_numel = 0;  // elements requested ahead and not yet used
-  };
 
-  void enter(pass& t, module_id m, use_kind kind, std::vector<param_id>& ahead) {
-    if (t.mode == state::recording) {
-      t.recording.push_back({m, kind});
-      return;
-    }
-    if (t.mode == state::on_demand) return;
-    if (t.pos >= t.trace.size() || t.trace[t.pos].module != m || t.trace[t.pos].kind != kind) {
-      diverge(t, m, kind);
-      return;
-    }
-    // The scope at pos runs now: if it was requested ahead, it leaves the window.
-    if (t.frontier > t.pos) t.window_numel -= module_numel_[m];
-    else {
-      t.frontier = t.pos + 1;
-      t.window_numel = 0;
-    }
-    ++t.pos;
-    const std::size_t budget = cfg_.prefetch_numel;
-    while (t.frontier < t.trace.size()) {
-      const module_id next = t.trace[t.frontier].module;
-      if (t.window_numel + module_numel_[next] > budget) break;
-      for (param_id p : spec_->module(next).params) ahead.push_back(p);
-      t.window_numel += module_numel_[next];
-      ++t.frontier;
-    }
-  }
-
-  // The pass is over: a recording becomes the trace; a replay that stopped short diverged.
-  void end_pass(pass& t, const char* what) {
-    if (t.mode == state::recording) {
-      t.trace = std::move(t.recording);
-      t.recording.clear();
-      t.mode = t.trace.empty() ? state::recording : state::replaying;
-    } else if (t.mode == state::replaying && t.pos != t.trace.size()) {
-      note("the " + std::string(what) + " ended after " + std::to_string(t.pos) + " of " +
-           std::to_string(t.trace.size()) + " traced scopes");
-      t.mode = state::recording;
-      t.recording.clear();
-    } else if (t.mode == state::on_demand) {
-      t.mode = state::recording;
-    }
-    t.pos = t.frontier = t.window_numel = 0;
-  }
-
-  // Names the use kind too: the same module entered as recompute where the trace has a counted
-  // use is a divergence as well.
-  void diverge(pass& t, module_id m, use_kind kind) {
+  // Names the use kind too: the same module entered as no_grad where the trace has a counted
+  // use (an evaluation pass added mid-run) is a divergence as well.
+  void diverge(module_id m, use_kind kind) {
     const auto describe = [&](module_id mod, use_kind k) {
       return "'" + spec_->module(mod).name + "' (" + std::string(to_string(k)) + ")";
     };
-    const std::string expected = t.pos < t.trace.size() ? describe(t.trace[t.pos].module, t.trace[t.pos].kind) : "the end";
-    note("module " + describe(m, kind) + " at scope #" + std::to_string(t.pos) + " where the trace has " + expected);
-    t.mode = state::on_demand;
+    const std::string expected = pos_ < trace_.size() ? describe(trace_[pos_].module, trace_[pos_].kind) : "the end";
+    note("module " + describe(m, kind) + " at scope #" + std::to_string(pos_) + " where the trace has " + expected);
+    state_ = state::on_demand;
+  }
+  void diverge_at_step_end() {
+    note("the step ended after " + std::to_string(pos_) + " of " + std::to_string(trace_.size()) + " traced scopes");
+    state_ = state::recording;
+    recording_.clear();
   }
   void note(const std::string& what) {
     if (divergences_++ == 0)
       say(log_, "prefetch: the model left its recorded trace (" + what +
-                    "); prefetching is on-demand until a new trace is recorded (said once; see divergences())");
+                "); prefetching is on-demand until a new trace is recorded (said once; see divergences())");
   }
 
   const model_spec* spec_ = nullptr;
   prefetch_config cfg_{};
   log_sink log_{};
   std::vector<std::size_t> module_numel_;  // gathered elements of each module (replicated excluded)
-  pass passes_[2];                         // [0] training, [1] no-grad
-  bool in_no_grad_ = false;                // the last scope entered was no_grad
+  state state_ = state::recording;
+  std::vector<entry> trace_, recording_;
+  std::size_t pos_ = 0;           // next trace position expected
+  std::size_t frontier_ = 0;      // first trace position not yet requested ahead
+  std::size_t window_numel_ = 0;  // elements requested ahead and not yet used
   std::size_t divergences_ = 0;
 };
 
