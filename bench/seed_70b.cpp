@@ -23,6 +23,7 @@
 #include "../tests/support/legacy/legacy_prefetcher.hpp"
 #include "../tests/support/legacy/legacy_reducer.hpp"
 #include "../tests/support/legacy/legacy_tracker.hpp"
+#include "zshard/trace/trace_sink.hpp"
 
 using namespace zshard;
 using namespace zshard::plan;
@@ -52,7 +53,7 @@ struct overhead {
   double step_per_param_ns = 0;
 };
 template <class Policies>
-overhead engine_overhead(int modules, int steps, std::size_t max_reuse_distance = 0) {
+overhead engine_overhead(int modules, int steps, std::size_t max_reuse_distance = 0, trace_sink* trace = nullptr) {
   model_spec spec;
   for (int i = 0; i < modules; ++i) {
     const std::string n = "m" + std::to_string(i);
@@ -62,6 +63,7 @@ overhead engine_overhead(int modules, int steps, std::size_t max_reuse_distance 
   engine_config cfg;
   cfg.param_dtype = dtype::bf16;
   cfg.prefetch.max_reuse_distance = max_reuse_distance;
+  cfg.trace = trace;
   phantom_backend backend;
   null_comm comm(0, 8);
   engine<phantom_backend, null_comm, Policies> eng(backend, comm, spec, cfg);
@@ -205,13 +207,16 @@ int main() {
   // reuse on, reaching the whole trace: each scope asks, per parameter, where its next use is
   // (a scan of the trace before the index: quadratic in the number of modules)
   const overhead reuse = engine_overhead<default_policies>(modules, steps, std::size_t{1} << 40);
+  trace_sink sink;  // every event and ledger change recorded (engine_config::trace)
+  const overhead traced = engine_overhead<default_policies>(modules, steps, 0, &sink);
   std::printf("\nengine bookkeeping (%d modules of 2 parameters, 8 virtual ranks, phantom backend):\n"
               "  prefetcher                 per module scope   step() per parameter\n"
               "  trace (default)            %6.0f ns          %6.0f ns\n"
               "  trace, reuse (any reach)   %6.0f ns          %6.0f ns\n"
-              "  on-demand                  %6.0f ns          %6.0f ns\n",
+              "  on-demand                  %6.0f ns          %6.0f ns\n"
+              "  trace, with a trace_sink   %6.0f ns          %6.0f ns\n",
               modules, trace.per_scope_ns, trace.step_per_param_ns, reuse.per_scope_ns, reuse.step_per_param_ns,
-              on_demand.per_scope_ns, on_demand.step_per_param_ns);
+              on_demand.per_scope_ns, on_demand.step_per_param_ns, traced.per_scope_ns, traced.step_per_param_ns);
 
   std::printf("\npeak_gib: %.3f\n", gib(run.peak()));
   std::printf("plan_gib: %.3f\n", gib(plan.device.total_peak));
@@ -223,6 +228,7 @@ int main() {
   std::printf("prefetch_gathers_ahead: %zu\n", run.scopes_with_gathers_ahead);
   std::printf("plan_ms_100k: %.1f\n", plan_ms_100k);
   std::printf("host_state_gib_per_rank: %.3f\n", gib(run.host ? run.host->total_peak() : 0));
+  std::printf("scope_overhead_traced_ns: %.0f\n", traced.per_scope_ns);
   std::printf("scope_overhead_ns: %.0f\n", trace.per_scope_ns);
   std::printf("scope_overhead_reuse_ns: %.0f\n", reuse.per_scope_ns);
   return 0;

@@ -23,7 +23,11 @@
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/checkpoint/checkpoint.hpp"
 #include "zshard/comm/thread_comm.hpp"
+#include "zshard/config/deepspeed_config.hpp"
 #include "zshard/engine/engine.hpp"
+#include "zshard/plan/memory_plan.hpp"
+#include "zshard/prefetch/pass_trace_prefetcher.hpp"
+#include "zshard/trace/trace_sink.hpp"
 #ifdef ZSHARD_EXAMPLE_MPI
 #include "zshard/comm/mpi_run.hpp"
 #endif
@@ -55,6 +59,9 @@ struct options {
   std::string export_path;  // one safetensors file of the trained model
   bool export_bf16 = false;
   bool profile = false;
+  std::string deepspeed_config;  // a DeepSpeed JSON config to take sizes and hyper-parameters from
+  std::string trace_file;        // Chrome/Perfetto trace of one step
+  int trace_step = 3;
   bool help = false;
 };
 
@@ -91,6 +98,11 @@ void usage() {
       "  --export FILE      write the trained model as one safetensors file\n"
       "  --export-bf16      export in bf16 (default f32)\n"
       "  --profile          print the share of a step in compute, engine, communication and optimizer\n"
+      "  --deepspeed-config FILE  take ZeRO-3 sizes, precision, clipping, AdamW and\n"
+      "                     gradient_accumulation_steps from a DeepSpeed JSON config\n"
+      "  --trace FILE       write a Chrome/Perfetto trace (engine events, each rank's ledger)\n"
+      "                     of one step to FILE; tools/plot_memory.py draws it\n"
+      "  --trace-step N     the step to trace (default 3: after the prefetch trace is recorded)\n"
       "The last line printed is `final_loss: <mean loss of the last step>`.\n");
 }
 
@@ -134,6 +146,9 @@ options parse(int argc, char** argv) {
     else if (a == "--export") o.export_path = value(i);
     else if (a == "--export-bf16") o.export_bf16 = true;
     else if (a == "--profile") o.profile = true;
+    else if (a == "--deepspeed-config") o.deepspeed_config = value(i);
+    else if (a == "--trace") o.trace_file = value(i);
+    else if (a == "--trace-step") o.trace_step = positive(a, value(i));
     else throw std::invalid_argument("unknown option '" + a + "' (try --help)");
   }
   if (o.ranks > 64) throw std::invalid_argument("--ranks: at most 64 thread ranks");
@@ -142,6 +157,9 @@ options parse(int argc, char** argv) {
   if (!o.resume.empty() && !o.init_from.empty())
     throw std::invalid_argument("--resume and --init-from exclude each other (a checkpoint holds the weights)");
   if (o.save_every > 0 && o.save_dir.empty()) throw std::invalid_argument("--save-every needs --save-dir");
+  if (!o.trace_file.empty() && o.trace_step > o.steps)
+    throw std::invalid_argument("--trace-step " + std::to_string(o.trace_step) + " is after the last step (--steps " +
+                                std::to_string(o.steps) + ")");
   return o;
 }
 
@@ -169,6 +187,42 @@ void print_peak_table(const std::vector<peak_row>& rows) {
   }
 }
 
+// --deepspeed-config: sizes, precision, clipping, AdamW and micro-batches from the file (with the
+// model's width for the Trainer's "auto" rules); unknown keys are warnings, the rest notes.
+void apply_deepspeed(const gpt::gpt_config& mc, zshard::engine_config& cfg, options& o) {
+  const auto ds = zshard::config::read_deepspeed_config(o.deepspeed_config, {.hidden_size = std::size_t(mc.d_model)});
+  for (const auto& k : ds.unknown_keys)
+    std::fprintf(stderr, "%s\n", ("02_train_gpt: warning: " + o.deepspeed_config + ": unknown key '" + k + "' ignored").c_str());
+  for (const auto& n : ds.notes) std::printf("deepspeed config: %s\n", n.c_str());
+  zshard::engine_config imported = ds.engine;
+  imported.log = cfg.log;
+  cfg = imported;
+  o.bf16 = cfg.param_dtype == zshard::dtype::bf16;
+  if (cfg.param_dtype == zshard::dtype::f16)
+    std::printf("deepspeed config: fp16 working parameters with dynamic loss scaling\n");
+  o.micro_batches = ds.gradient_accumulation_steps;
+  if (ds.micro_batch_size) o.batch = *ds.micro_batch_size;
+  o.lr = cfg.adamw.lr;
+  if (ds.offload_optimizer)
+    std::printf("deepspeed config: offload_optimizer cpu: on the host backend device memory is host memory, so this "
+                "example keeps offload::on_device (zshard_plan --deepspeed-config shows the offloaded plan)\n");
+}
+
+// The plan's device peak per rank for this run (plan/memory_plan.hpp): the schedule the GPT
+// runner follows, with the activation bytes it reported (it holds them all from the end of
+// forward to the end of backward, so they are charged to the first module, which is released last).
+std::size_t plan_peak(const gpt::zshard_model& model, const zshard::engine_config& cfg, int ranks, bool checkpoint,
+                      int micro_batches, std::size_t activation_bytes) {
+  zshard::plan::step_schedule s;
+  s.micro_batches = micro_batches;
+  s.modules.push_back({.module = model.embed, .kept_bytes = activation_bytes});
+  for (zshard::module_id b : model.blocks) s.modules.push_back({.module = b, .recomputed = checkpoint});
+  s.modules.push_back({.module = model.head});
+  zshard::engine_config plain = cfg;
+  plain.trace = nullptr;
+  return zshard::plan::plan_memory(model.spec, plain, ranks, s).device.total_peak;
+}
+
 // What rank 0 keeps of a run.
 struct run_result {
   int first_step = 1;  // later than 1 when resumed from a checkpoint
@@ -178,18 +232,33 @@ struct run_result {
   std::vector<gpt::step_profile> profiles;  // per rank, with --profile
 };
 
+// One prefetch trace per kind of pass: the evaluation every --eval-every steps replays its own.
+struct example_policies : zshard::default_policies {
+  using prefetcher = zshard::prefetch::pass_trace;
+};
+
+// --trace: one step's engine events and ledgers. Thread ranks share one sink (rank 0 switches
+// it on and off between barriers); each MPI process has its own and records only itself.
+struct trace_request {
+  zshard::trace_sink* sink = nullptr;
+  int step = 0;
+  bool shared = true;
+};
+
 // One rank's training, the same code on thread ranks and MPI processes. The per-rank peaks
 // reach rank 0 by an all-gather, so nothing is shared between ranks but the communicator.
 template <class Comm>
 void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt::gpt_config& mc,
-                const gpt::zshard_model& model, const zshard::engine_config& cfg, run_result& out) {
+                const gpt::zshard_model& model, const zshard::engine_config& cfg, const trace_request& trace,
+                run_result& out) {
   const int rank = comm.rank(), world = comm.size();
   // The engine's collectives go through a timing wrapper (the loop's own loss average and peak
   // exchange below use `comm` directly and are not part of a step).
   double comm_seconds = 0;
   gpt::timed_comm<Comm> engine_comm(comm, comm_seconds);
   zshard::host_backend backend(std::nullopt, "rank " + std::to_string(rank));
-  zshard::engine<zshard::host_backend, gpt::timed_comm<Comm>> eng(backend, engine_comm, model.spec, cfg);
+  zshard::engine<zshard::host_backend, gpt::timed_comm<Comm>, example_policies> eng(backend, engine_comm, model.spec,
+                                                                                    cfg);
   gpt::zshard_gpt_runner<decltype(eng)> runner(eng, model, o.checkpoint);
   gpt::step_profile interval, whole;  // this rank's, since the last log line / over the run
   if (o.profile) runner.time_compute_into(&interval.compute);
@@ -218,7 +287,14 @@ void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt
     if (rank == 0) std::printf("  saved %s\n", s.path.c_str());
   };
   auto clock_start = std::chrono::steady_clock::now();
+  const auto set_recording = [&](bool on) {
+    comm.barrier();  // every rank is between steps: the traced window is exactly this step
+    if (rank == 0 || !trace.shared) trace.sink->set_recording(on);
+    comm.barrier();
+  };
   for (int step = start + 1; step <= o.steps; ++step) {
+    const bool traced = trace.sink && step == trace.step;
+    if (traced) set_recording(true);
     backend.ledger().reset_peaks();
     double loss = 0;
     const auto t0 = std::chrono::steady_clock::now();
@@ -237,6 +313,7 @@ void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt
     interval.comm += comm_seconds - comm0;
     interval.comm_in_step += comm_seconds - comm1;
     ++interval.steps;
+    if (traced) set_recording(false);
     float mean_loss = float(loss / o.micro_batches);
     comm.all_reduce(&mean_loss, &mean_loss, 1, zshard::dtype::f32, zshard::reduce_op::average);
     peak_row mine;
@@ -316,6 +393,22 @@ void print_header(const options& o, int world, const char* kind, const gpt::gpt_
   std::fflush(stdout);
 }
 
+// --trace: the traced step's events with the plan's peak beside them (under --mpi, rank 0's
+// process holds rank 0's events only).
+void write_trace(const options& o, const gpt::zshard_model& model, const zshard::engine_config& cfg, int world,
+                 const run_result& res, zshard::trace_sink& trace) {
+  if (o.trace_file.empty()) return;
+  std::size_t activation_peak = 0;  // bytes, any rank (the same on every rank)
+  for (const auto& r : res.run_peaks)
+    activation_peak = std::max(activation_peak, r.by_category[std::size_t(zshard::mem_category::activations)]);
+  const std::size_t planned = plan_peak(model, cfg, world, o.checkpoint, o.micro_batches, activation_peak);
+  trace.set_metadata("plan_peak_bytes", double(planned));
+  trace.set_metadata("traced_step", o.trace_step);
+  trace.write_file(o.trace_file);
+  std::printf("\ntrace of step %d written to %s (open it in ui.perfetto.dev; plan peak %s MiB per rank)\n",
+              o.trace_step, o.trace_file.c_str(), mib(planned).c_str());
+}
+
 // Rank 0's closing lines; the loss bits let a script compare runs exactly (threads vs MPI).
 int report(const options& o, const run_result& res) {
   print_peak_table(res.run_peaks);
@@ -340,7 +433,7 @@ int report(const options& o, const run_result& res) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const options o = parse(argc, argv);
+  options o = parse(argc, argv);
   if (o.help) {
     usage();
     return 0;
@@ -358,23 +451,34 @@ int main(int argc, char** argv) try {
   cfg.adamw.weight_decay = 0.01f;
   cfg.clip_norm = o.clip;
   cfg.reduce.reduce_bucket_numel = 1 << 16;
+  if (!o.deepspeed_config.empty()) apply_deepspeed(mc, cfg, o);
 
+  zshard::trace_sink trace;
+  trace_request traced;
+  if (!o.trace_file.empty()) {
+    cfg.trace = &trace;
+    trace.set_recording(false);  // on for --trace-step only
+    traced = {.sink = &trace, .step = o.trace_step, .shared = !o.mpi};
+  }
   run_result res;
   if (o.mpi) {
 #ifdef ZSHARD_EXAMPLE_MPI
-    int rank = 0;
+    int rank = 0, world = 0;
     zshard::run_mpi(argc, argv, [&](zshard::mpi_comm& comm) {
       rank = comm.rank();
+      world = comm.size();
       if (rank == 0) print_header(o, comm.size(), "MPI processes", mc, model);
-      train_rank(comm, o, data, mc, model, cfg, res);
+      train_rank(comm, o, data, mc, model, cfg, traced, res);
     });
+    if (rank == 0) write_trace(o, model, cfg, world, res, trace);
     return rank == 0 ? report(o, res) : 0;
 #else
     throw std::invalid_argument("--mpi: this build has no MPI (install libopenmpi-dev and openmpi-bin, reconfigure)");
 #endif
   }
   print_header(o, o.ranks, "thread ranks", mc, model);
-  zshard::run_ranks(o.ranks, [&](zshard::thread_comm& comm) { train_rank(comm, o, data, mc, model, cfg, res); });
+  zshard::run_ranks(o.ranks, [&](zshard::thread_comm& comm) { train_rank(comm, o, data, mc, model, cfg, traced, res); });
+  write_trace(o, model, cfg, o.ranks, res, trace);
   return report(o, res);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "02_train_gpt: %s\n", e.what());

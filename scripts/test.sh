@@ -1,24 +1,68 @@
 #!/usr/bin/env bash
-# The test command: set-up, then build and run ctest in the CI preset and the sanitizer
-# presets. Usage: scripts/test.sh [preset...]   (default: ci asan tsan)
+# The test command: set-up, then each step in turn. Usage: scripts/test.sh [step...]
+#   ci, asan, tsan  build and run ctest in that CMake preset (warnings are errors there)
+#   plain           a plain `cmake -B build/plain -DCMAKE_BUILD_TYPE=Release` build of the
+#                   examples and tests, as a user without presets does, and its ctest
+#   consumer        install-only configure + `cmake --install`, then a tiny project that
+#                   find_package(zshard)s the installed copy, builds and trains
+#   conan           `conan create conan/` offline: Eigen and doctest come from the system
+# Default: ci asan tsan plain consumer conan. Python packages from PyPI go into one virtual
+# environment, build/pyenv: safetensors and numpy (the checkpoint interoperability test),
+# matplotlib (tools/plot_memory.py's test) and conan (the conan step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# Python's safetensors and numpy (PyPI) for the checkpoint interoperability test
-# (tests/checkpoint/python); created once, reused while it imports both.
-venv=build/pyenv
-if ! "$venv/bin/python3" -c "import safetensors, numpy" 2>/dev/null; then
-  echo "test: creating $venv (safetensors, numpy)"
-  if ! { python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check safetensors numpy; }; then
-    echo "test: WARNING: could not create $venv; the checkpoint_python test will report itself skipped"
-  fi
-fi
-presets=("$@")
-((${#presets[@]})) || presets=(ci asan tsan)
+steps=("$@")
+((${#steps[@]})) || steps=(ci asan tsan plain consumer conan)
 jobs=$(nproc)
-for p in "${presets[@]}"; do
-  echo "==== preset $p ===="
-  cmake --preset "$p" >/dev/null
-  cmake --build --preset "$p" -j "$jobs"
-  ctest --preset "$p" -j "$jobs"
+root=$PWD
+venv=$root/build/pyenv
+
+# Created once, reused while it imports everything. Without PyPI the tests that need a module
+# report themselves skipped; the conan step fails (it has nothing else to run).
+python_venv() {
+  local modules="import safetensors, numpy, matplotlib, conan"
+  "$venv/bin/python3" -c "$modules" 2>/dev/null && return 0
+  echo "test: creating $venv (safetensors, numpy, matplotlib, conan)"
+  if ! { python3 -m venv "$venv" &&
+    "$venv/bin/pip" install -q --disable-pip-version-check safetensors numpy matplotlib "conan>=2,<3"; }; then
+    echo "test: WARNING: could not fill $venv from PyPI; tests that need its modules will report themselves skipped"
+  fi
+}
+python_venv
+
+for s in "${steps[@]}"; do
+  echo "==== $s ===="
+  start=$SECONDS
+  case "$s" in
+    ci | asan | tsan | dev)
+      cmake --preset "$s" -DPython3_EXECUTABLE="$venv/bin/python3" >/dev/null
+      cmake --build --preset "$s" -j "$jobs"
+      ctest --preset "$s" -j "$jobs"
+      ;;
+    plain)
+      # No preset, no -Werror, -O3 (CMake's Release default), CUDA off (ci compiles it).
+      cmake -B build/plain -DCMAKE_BUILD_TYPE=Release -DZSHARD_CUDA=OFF -DZSHARD_BUILD_BENCH=OFF >/dev/null
+      cmake --build build/plain -j "$jobs"
+      # (the layout tests only compile-check messages, which the ci step did already)
+      ctest --test-dir build/plain -j "$jobs" --output-on-failure -LE layout
+      ;;
+    consumer)
+      cmake --preset install >/dev/null
+      rm -rf build/consumer
+      cmake --install build/install --prefix build/consumer/prefix >/dev/null
+      cmake -S conan/test_package -B build/consumer/build -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_PREFIX_PATH="$root/build/consumer/prefix" >/dev/null
+      cmake --build build/consumer/build -j "$jobs"
+      ./build/consumer/build/sharded_training
+      ;;
+    conan)
+      bash conan/create_offline.sh "$venv/bin/conan"
+      ;;
+    *)
+      echo "test.sh: unknown step '$s' (ci asan tsan dev plain consumer conan)" >&2
+      exit 2
+      ;;
+  esac
+  echo "==== $s: $((SECONDS - start)) s ===="
 done

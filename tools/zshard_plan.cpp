@@ -17,6 +17,7 @@
 #include <fstream>
 
 #include "zshard/plan/memory_plan.hpp"
+#include "zshard/config/deepspeed_config.hpp"
 #include "zshard/plan/phantom_run.hpp"
 #include "zshard/plan/plan_table.hpp"
 #include "zshard/plan/schedule_file.hpp"
@@ -60,6 +61,9 @@ write_schedule_file; the file's settings are the defaults, options below overrid
   --nccl-mib N          NCCL buffers per communicator              (default 512)
   --workspace-mib N     cuBLAS/cuDNN/attention workspaces          (default 256)
   --fragmentation F     pool reserve beyond the peak, a fraction   (default 0.05)
+  --deepspeed-config FILE  start from a DeepSpeed JSON config (zero_optimization sizes,
+                        offload_optimizer, bf16/fp16, gradient_accumulation_steps,
+                        train_micro_batch_size_per_gpu); options given here override it
   --simulate            also run the engine on the phantom backend and print the run's
                         peaks beside the plan
   --help                this text
@@ -113,9 +117,31 @@ std::size_t count(const std::string& flag, const std::string& v) {
   return static_cast<std::size_t>(x);
 }
 
+// --deepspeed-config FILE: its values first (with --model's hidden size for the Trainer's
+// "auto" rules), so that every other option on the command line overrides them.
+void apply_deepspeed_config(options& o, const std::vector<std::string>& args) {
+  std::string path;
+  for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--deepspeed-config") path = args[i + 1];
+    if (args[i] == "--model")
+      if (auto s = transformer_shape_named(args[i + 1])) o.shape = *s;
+  }
+  if (path.empty()) return;
+  const auto ds = config::read_deepspeed_config(path, {.hidden_size = std::size_t(o.shape.hidden)});
+  for (const auto& line : ds.messages()) std::cerr << "zshard_plan: " << line << '\n';
+  const bool oversized = o.cfg.prefetch.allow_oversized_module;  // a planner default, not a DeepSpeed key
+  o.cfg = ds.engine;
+  o.cfg.prefetch.allow_oversized_module = oversized;
+  o.act.activation_type = o.cfg.param_dtype;
+  o.optimizer = ds.offload_optimizer ? optimizer_location::host : optimizer_location::device;
+  o.act.micro_batches = ds.gradient_accumulation_steps;
+  if (ds.micro_batch_size) o.act.micro_batch = *ds.micro_batch_size;
+}
+
 options parse(const std::vector<std::string>& args) {
   options o;
   o.act.micro_batches = 1;
+  apply_deepspeed_config(o, args);
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--simulate") {
@@ -125,7 +151,9 @@ options parse(const std::vector<std::string>& args) {
     if (a.rfind("--", 0) != 0) throw usage_error("unexpected argument '" + a + "'");
     if (i + 1 >= args.size()) throw usage_error(a + " needs a value");
     const std::string& v = args[++i];
-    if (a == "--schedule") {
+    if (a == "--deepspeed-config") {
+      continue;  // applied first, by apply_deepspeed_config
+    } else if (a == "--schedule") {
       o.schedule_path = v;
     } else if (a == "--hooks") {
       o.hooks = on_off(a, v);

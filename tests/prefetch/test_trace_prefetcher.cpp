@@ -14,6 +14,7 @@
 #include "zshard/engine/engine.hpp"
 #include "zshard/partition/even_partitioner.hpp"
 #include "zshard/prefetch/trace_prefetcher.hpp"
+#include "zshard/prefetch/pass_trace_prefetcher.hpp"
 #include "zshard/testing/invariants.hpp"
 
 using namespace zshard;
@@ -193,4 +194,59 @@ TEST_CASE("trace prefetcher: reuse advice from the index equals a scan of the tr
     }
     t.on_step();
   }
+}
+
+TEST_CASE("pass_trace: a periodic no-grad evaluation has its own trace: no divergence, prefetching stays on") {
+  // steps 0..5; an evaluation (no-grad forward over every module) after steps 1 and 3
+  engine_config cfg;
+  cfg.prefetch.prefetch_numel = 2 * numel;
+  cfg.prefetch.max_live_numel = 10 * numel;
+  std::vector<std::string> log;
+  std::mutex mu;
+  cfg.log = [&](const std::string& line) {
+    std::lock_guard lock(mu);
+    log.push_back(line);
+  };
+  std::vector<std::size_t> first_scope_resident, eval_first_scope_resident;
+  std::vector<std::vector<float>> params;
+  run_ranks(2, [&](thread_comm& comm) {
+    host_backend backend;
+    engine<host_backend, thread_comm, policies_with<prefetch::pass_trace>> eng(backend, comm, chain(), cfg);
+    std::vector<std::size_t> first, eval_first;
+    for (int step = 0; step < 6; ++step) {
+      for (module_id m = 0; m < modules; ++m) {
+        auto s = eng.forward(m);
+        if (m == 0) first.push_back(eng.resident_numel());
+      }
+      eng.begin_backward();
+      for (module_id m = modules; m-- > 0;) {
+        auto g = eng.backward(m);
+        g.grad_data(0)[0] += 1.0f;
+      }
+      eng.end_backward();
+      eng.step();
+      if (step == 1 || step == 3) {
+        for (module_id m = 0; m < modules; ++m) {
+          auto s = eng.forward(m, use_kind::no_grad);
+          if (m == 0) eval_first.push_back(eng.resident_numel());
+        }
+        CHECK(eng.prefetcher().replaying());  // the training trace is untouched
+      }
+      for (const auto& v : testing::step_boundary_violations(eng)) FAIL_CHECK(v);
+    }
+    CHECK(eng.prefetcher().divergences() == 0);
+    CHECK(eng.prefetcher().no_grad_replaying());
+    if (comm.rank() == 0) {
+      std::lock_guard lock(mu);
+      first_scope_resident = first;
+      eval_first_scope_resident = eval_first;
+    }
+  });
+  CHECK(log.empty());
+  REQUIRE(first_scope_resident.size() == 6);
+  CHECK(first_scope_resident[0] == numel);  // recording
+  for (std::size_t s = 1; s < 6; ++s) CHECK(first_scope_resident[s] == 3 * numel);  // replay, eval or not
+  REQUIRE(eval_first_scope_resident.size() == 2);
+  CHECK(eval_first_scope_resident[0] == numel);      // the first evaluation records
+  CHECK(eval_first_scope_resident[1] == 3 * numel);  // the second replays: m1, m2 gathered ahead
 }

@@ -58,6 +58,17 @@ inline std::string format_bytes(double bytes) {
   return os.str();
 }
 
+// Told of every change of a ledger, right after it (an opt-in trace: trace/rank_trace.hpp).
+// Called on the thread that charged or released; must not throw.
+class memory_ledger;
+class ledger_observer {
+ public:
+  virtual void on_ledger_change(const memory_ledger& ledger) noexcept = 0;
+
+ protected:
+  ~ledger_observer() = default;
+};
+
 class memory_ledger {
  public:
   explicit memory_ledger(std::string name = "memory", std::optional<std::size_t> budget_bytes = std::nullopt)
@@ -89,6 +100,7 @@ class memory_ledger {
       total_peak_ = total_;
       at_total_peak_ = current_;
     }
+    if (observer_.p) [[unlikely]] observer_.p->on_ledger_change(*this);
   }
 
   // Returns `bytes` in category `c`. Returning more than is accounted is a bookkeeping bug.
@@ -100,6 +112,7 @@ class memory_ledger {
     }
     cur -= bytes;
     total_ -= bytes;
+    if (observer_.p) [[unlikely]] observer_.p->on_ledger_change(*this);
   }
 
   std::size_t current(mem_category c) const noexcept { return current_[index(c)]; }
@@ -112,6 +125,11 @@ class memory_ledger {
   const std::string& name() const noexcept { return name_; }
 
   void set_budget(std::optional<std::size_t> budget_bytes) { budget_ = budget_bytes; }
+
+  // At most one observer; nullptr detaches. The observer must outlive its attachment.
+  // A copy of a ledger starts unobserved.
+  void set_observer(ledger_observer* o) noexcept { observer_.p = o; }
+  ledger_observer* observer() const noexcept { return observer_.p; }
 
   // Starts a new peak window (e.g. per step) from the current usage.
   void reset_peaks() noexcept {
@@ -143,6 +161,12 @@ class memory_ledger {
   std::array<std::size_t, mem_category_count> at_total_peak_{};
   std::size_t total_ = 0;
   std::size_t total_peak_ = 0;
+  struct observer_slot {  // not copied: the observer watches one ledger
+    ledger_observer* p = nullptr;
+    observer_slot() = default;
+    observer_slot(const observer_slot&) noexcept {}
+    observer_slot& operator=(const observer_slot&) noexcept { return *this; }
+  } observer_;
 };
 
 }  // namespace zshard

@@ -39,6 +39,7 @@
 #include "zshard/reduce/reducer.hpp"
 #include "zshard/state/param_store.hpp"
 #include "zshard/state/state_access.hpp"
+#include "zshard/trace/trace_sink.hpp"
 #include "zshard/track/hook_tracker.hpp"
 
 namespace zshard {
@@ -91,6 +92,7 @@ class engine {
         watch_(backend, comm_, reduce_comm_),
         spec_(validated(std::move(spec))),
         cfg_(validated(std::move(cfg), comm.rank())),
+        trace_(start_trace(backend, cfg_, comm.rank())),
         layouts_(engine_checks::make_layouts(partitioner_, spec_, cfg_, comm.size())),
         store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap, compute ? &*compute : nullptr),
         offloader_(store_, comm, cfg_.adamw, cfg_.offload),
@@ -135,6 +137,7 @@ class engine {
       if (activation_bytes_) backend_.ledger().release(mem_category::activations, activation_bytes_);
     } catch (...) {
     }
+    if (trace_) trace_->unwatch();
   }
 
   // ---- the scopes ----------------------------------------------------------------------------
@@ -170,11 +173,17 @@ class engine {
     ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage,
                    "end_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open");
     completed_.clear();
+    const std::size_t swept_before = swept_.size();
     tracker_.on_end_backward(completed_, swept_);
     fp_.on_event(schedule_event::end_backward);
-    for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
-    reducer_.flush(offloader_);
+    log_swept(swept_before);
+    {
+      trace_span t(trace_, "reduce", "reduce-scatter (end of backward)");
+      for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
+      reducer_.flush(offloader_);
+    }
     engine_checks::no_full_gradient_left(store_);  // I7, checked by the engine itself
+    trace_span t(trace_, "release", "release (end of backward)");
     residency_.end_holds();  // I3: holds end here
     check(residency_.resident_by_scan() == store_.resident_numel(),
           "resident elements disagree with the gathered set (I5)");
@@ -201,6 +210,7 @@ class engine {
     // Before anything is applied: ranks whose schedules differ fail here, on every rank (I9).
     global_grad_stats g;
     try {
+      trace_span t(trace_, "wait", "gradient statistics exchange (waits for every rank)");
       g = agreement_.at_step(offloader_.local_grad_stats(), fp_);
     } catch (...) {
       offloader_.discard_grads();
@@ -217,6 +227,7 @@ class engine {
       offloader_.discard_grads();
     } else {
       r.clip_coefficient = optim::clip_coefficient(r.grad_norm, cfg_.clip_norm);
+      trace_span t(trace_, "optimizer", "optimizer (AdamW, host copies)");
       offloader_.update({++step_, lr_, static_cast<float>(r.clip_coefficient / denom)});
     }
     publish_shards();
@@ -225,6 +236,7 @@ class engine {
     r.loss_scale = scaler_.scale();
     micro_batches_ = 0;
     prefetcher_.on_step();
+    trace_span t(trace_, "release", "release (step)");
     residency_.release_unpinned();
     check(store_.gathered_set().empty() && reducer_.pending_numel() == 0, "step boundary is not clean (I4)");
     check(residency_.resident_by_scan() == store_.resident_numel(),
@@ -410,6 +422,29 @@ class engine {
     return c;
   }
 
+  // The rank's share of the trace, watching its ledger from before the first allocation.
+  static rank_trace* start_trace(Backend& backend, const engine_config& c, int rank) {
+    if (!c.trace) return nullptr;
+    rank_trace& t = c.trace->rank(rank);
+    t.watch(backend.ledger());
+    return &t;
+  }
+
+  // engine_config::log promises swept uses (I3): a forward whose backward never ran. Said once
+  // per module, so a loop that sweeps every step does not flood the log; step_report::swept
+  // lists every one.
+  void log_swept(std::size_t from) {
+    for (std::size_t i = from; i < swept_.size(); ++i) {
+      const module_id m = swept_[i].module;
+      if (swept_said_.size() <= m) swept_said_.resize(spec_.modules().size(), false);
+      if (swept_said_[m]) continue;
+      swept_said_[m] = true;
+      cfg_.say("swept " + std::to_string(swept_[i].pending_uses) + " use(s) of module '" + spec_.module(m).name +
+               "' whose backward never ran: released and reduced at end_backward (use use_kind::no_grad for passes "
+               "without backward; said once per module, step_report::swept lists every one)");
+    }
+  }
+
   // Rank r computes exactly its shard's initial values from the global element index.
   void initialize_parameters() {
     if constexpr (Backend::holds_storage) {
@@ -453,7 +488,10 @@ class engine {
       ahead_.clear();
       prefetcher_.on_scope_enter(m, kind, ahead_);
       stage = 1;
-      residency_.open(m, ahead_, store_.collective_context);
+      {
+        trace_span t(trace_, "gather", ahead_.empty() ? "gather" : "gather + prefetch", spec_.module(m).name);
+        residency_.open(m, ahead_, store_.collective_context);
+      }
       stage = 2;
       if (is_backward) make_full_grads(m);
     } catch (const error& e) {
@@ -468,6 +506,8 @@ class engine {
       undo_open(m, kind, is_backward, stage, saved);
       throw;
     }
+    if (trace_) [[unlikely]]
+      trace_->scope_open(m, is_backward ? "backward" : kind == use_kind::counted ? "forward" : to_string(kind));
   }
   void opened_scope(scope* s) noexcept { scopes_.opened(s, s->module(), s->is_backward()); }
 
@@ -508,12 +548,15 @@ class engine {
     sc->end();
     scopes_.ended(sc, m, is_backward);
     try {
+      if (trace_) [[unlikely]] trace_->scope_close(m, is_backward, spec_.module(m).name);
       store_.streams().note_work(stream_role::compute);  // the scope's own kernels, before any reduction of them
       if (is_backward) {
         completed_.clear();
         tracker_.on_backward_done(m, completed_);
+        trace_span t(trace_, "reduce", "reduce-scatter", spec_.module(m).name);
         for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
       }
+      trace_span t(trace_, "release", "release", spec_.module(m).name);
       residency_.close(m, tracker_.keeps_gathered(m));
     } catch (...) {
       broken_ = std::current_exception();
@@ -622,6 +665,7 @@ class engine {
   const int uncaught_at_construction_ = std::uncaught_exceptions();
   const model_spec spec_;
   const engine_config cfg_;
+  rank_trace* trace_;  // null unless cfg_.trace: before store_, so it sees every allocation
   [[no_unique_address]] partitioner_type partitioner_{};
   std::vector<shard_layout> layouts_;
   param_store<Backend> store_;
@@ -643,6 +687,7 @@ class engine {
   std::vector<param_id> completed_;
   std::vector<param_id> ahead_;
   std::vector<swept_use> swept_;
+  std::vector<bool> swept_said_;  // modules whose sweep was logged
   std::exception_ptr broken_;
 };
 

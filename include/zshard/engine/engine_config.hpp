@@ -18,6 +18,8 @@
 
 namespace zshard {
 
+class trace_sink;  // trace/trace_sink.hpp
+
 struct engine_config {
   dtype param_dtype = dtype::f32;  // working dtype of parameters that do not name their own
   partition_config partition{};
@@ -41,6 +43,9 @@ struct engine_config {
   // Where the engine and its policies say things worth a human's attention (a prefetch trace
   // divergence, swept uses). Empty: standard error, prefixed "zshard: ".
   log_sink log{};
+  // An opt-in trace of engine events and ledger counters on every rank, as Chrome/Perfetto JSON
+  // (trace/trace_sink.hpp). Not owned; it must outlive the engines. Null: no trace, no cost.
+  trace_sink* trace = nullptr;
 
   void say(const std::string& line) const { zshard::say(log, line); }
 

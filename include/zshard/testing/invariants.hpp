@@ -1,8 +1,9 @@
 #pragma once
 // Checks a user can run in their own doctest suite to verify an integration with zshard:
 //
-//   #include <doctest/doctest.h>
 //   #include <zshard/testing/invariants.hpp>
+//   #include <doctest/doctest.h>          // either order
+
 //   ...
 //   eng.step();
 //   ZSHARD_CHECK_STEP_INVARIANTS(eng);                // I2-I6 at the step boundary
@@ -153,15 +154,20 @@ inline double max_relative_difference(const std::vector<std::vector<float>>& a,
 
 }  // namespace zshard::testing
 
-// doctest-flavoured wrappers, available when doctest is included first.
-#ifdef DOCTEST_VERSION
-#define ZSHARD_CHECK_STEP_INVARIANTS(eng)                                                 \
-  do {                                                                                    \
-    for (const auto& zshard_violation : ::zshard::testing::step_boundary_violations(eng)) \
-      FAIL_CHECK(zshard_violation);                                                       \
+// doctest-flavoured wrappers. They are macros, so doctest may be included before or after this
+// header; the file that uses them must include <doctest/doctest.h> (else the compiler stops at
+// ZSHARD_TESTING_NEEDS_DOCTEST's message below).
+#define ZSHARD_TESTING_NEEDS_DOCTEST \
+  static_assert(sizeof(DOCTEST_VERSION_STR), "zshard: #include <doctest/doctest.h> to use ZSHARD_CHECK_*")
+#define ZSHARD_CHECK_STEP_INVARIANTS(eng)                                                   \
+  do {                                                                                      \
+    ZSHARD_TESTING_NEEDS_DOCTEST;                                                           \
+    for (const auto& zshard_violation : ::zshard::testing::step_boundary_violations(eng))   \
+      FAIL_CHECK(zshard_violation);                                                         \
   } while (0)
-#define ZSHARD_CHECK_MEMORY_BOUNDS(eng)                                                                                \
-  do {                                                                                                                 \
-    for (const auto& zshard_violation : ::zshard::testing::memory_bound_violations(eng)) FAIL_CHECK(zshard_violation); \
+#define ZSHARD_CHECK_MEMORY_BOUNDS(eng)                                                     \
+  do {                                                                                      \
+    ZSHARD_TESTING_NEEDS_DOCTEST;                                                           \
+    for (const auto& zshard_violation : ::zshard::testing::memory_bound_violations(eng))    \
+      FAIL_CHECK(zshard_violation);                                                         \
   } while (0)
-#endif

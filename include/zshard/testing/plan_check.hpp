@@ -11,6 +11,7 @@
 
 #include "zshard/core/memory_ledger.hpp"
 #include "zshard/plan/memory_plan.hpp"
+#include "zshard/testing/invariants.hpp"  // ZSHARD_TESTING_NEEDS_DOCTEST
 
 namespace zshard::testing {
 
@@ -30,10 +31,10 @@ inline std::vector<std::string> peak_over_plan(const memory_ledger& measured, co
 
 }  // namespace zshard::testing
 
-#ifdef DOCTEST_VERSION
-#define ZSHARD_CHECK_PEAK_WITHIN_PLAN(ledger, planned)                                     \
-  do {                                                                                     \
+// A macro, so doctest may come before or after this header (see testing/invariants.hpp).
+#define ZSHARD_CHECK_PEAK_WITHIN_PLAN(ledger, planned)                                      \
+  do {                                                                                      \
+    ZSHARD_TESTING_NEEDS_DOCTEST;                                                           \
     for (const auto& zshard_violation : ::zshard::testing::peak_over_plan(ledger, planned)) \
-      FAIL_CHECK(zshard_violation);                                                        \
+      FAIL_CHECK(zshard_violation);                                                         \
   } while (0)
-#endif

@@ -1,0 +1,408 @@
+#pragma once
+// Reads a DeepSpeed-style JSON config (the file a ZeRO-3 user already has) into zshard's
+// engine_config, so that a run moved to zshard keeps its budgets and hyper-parameters.
+//
+//   auto ds = zshard::config::read_deepspeed_config("ds_config.json", {.hidden_size = 8192});
+//   for (const auto& line : ds.messages()) std::cerr << line << '\n';   // unknown keys, "auto"s
+//   zshard::engine_config cfg = ds.engine;                               // then adjust as usual
+//
+// What maps (DeepSpeed key -> zshard):
+//   zero_optimization.stage                       must be 3 (zshard is ZeRO stage 3)
+//   zero_optimization.stage3_max_live_parameters  prefetch.max_live_numel
+//   zero_optimization.stage3_prefetch_bucket_size prefetch.prefetch_numel
+//   zero_optimization.stage3_param_persistence_threshold  partition.persistence_threshold_numel
+//   zero_optimization.stage3_max_reuse_distance   prefetch.max_reuse_distance
+//   zero_optimization.reduce_bucket_size          reduce.reduce_bucket_numel
+//   zero_optimization.overlap_comm                overlap
+//   zero_optimization.offload_optimizer.device    cpu: offload_optimizer (use offload::host_adam); none: on device
+//   zero_optimization.offload_optimizer.pin_memory  pin_memory (zshard always stages through pinned memory)
+//   gradient_clipping                             clip_norm
+//   gradient_accumulation_steps                   gradient_accumulation_steps (micro-batches per step: the loop's)
+//   train_micro_batch_size_per_gpu                micro_batch_size (the loop's)
+//   bf16.enabled / fp16.enabled                   param_dtype; fp16's loss_scale, initial_scale_power,
+//                                                 loss_scale_window, min_loss_scale -> loss_scale
+//   optimizer {type Adam|AdamW, params lr, betas, eps, weight_decay}  adamw
+// Keys DeepSpeed knows but zshard has no counterpart for are listed in notes(); keys neither
+// knows are listed once each by their dotted name in unknown_keys. A value of the wrong type,
+// or out of range, is a zshard::error (config) that names the key.
+//
+// "auto" is what the Hugging Face Trainer fills in from its own arguments. zshard has no
+// Trainer: with import_options::hidden_size set, the size keys follow the Trainer's rules
+// (reduce_bucket_size = hidden^2, stage3_prefetch_bucket_size = 0.9 hidden^2,
+// stage3_param_persistence_threshold = 10 hidden); every other "auto" keeps zshard's default
+// (or the training loop's own setting), and each one is explained in notes().
+//
+// Needs nlohmann-json (Debian: nlohmann-json3-dev; CMake: nlohmann_json::nlohmann_json).
+#if !__has_include(<nlohmann/json.hpp>)
+#error \
+    "zshard/config/deepspeed_config.hpp needs nlohmann-json: install nlohmann-json3-dev (or the nlohmann_json package) and link nlohmann_json::nlohmann_json"
+#endif
+#include <nlohmann/json.hpp>
+
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zshard/config/json_reader.hpp"
+#include "zshard/engine/engine_config.hpp"
+
+namespace zshard::config {
+
+struct import_options {
+  // The model's hidden size: lets the Trainer's "auto" rules for the bucket sizes apply.
+  std::optional<std::size_t> hidden_size;
+};
+
+struct deepspeed_settings {
+  engine_config engine;                   // every value that maps; the rest keeps zshard's defaults
+  bool offload_optimizer = false;         // offload_optimizer.device == "cpu": use offload::host_adam
+  bool pin_memory = false;                // offload_optimizer.pin_memory, as read
+  int gradient_accumulation_steps = 1;    // micro-batches per optimizer step (the training loop runs them)
+  std::optional<int> micro_batch_size;    // train_micro_batch_size_per_gpu, when a number
+  std::vector<std::string> unknown_keys;  // dotted names, once each, in file order
+  std::vector<std::string> notes;         // "auto" values and keys with no zshard counterpart
+
+  // One line per unknown key and per note, ready to print.
+  std::vector<std::string> messages() const {
+    std::vector<std::string> out;
+    for (const auto& k : unknown_keys) out.push_back("deepspeed config: unknown key '" + k + "' ignored");
+    for (const auto& n : notes) out.push_back("deepspeed config: " + n);
+    return out;
+  }
+};
+
+namespace detail {
+
+// Keys DeepSpeed accepts that change nothing in zshard, and why.
+inline const char* no_counterpart(std::string_view key) {
+  static const std::pair<std::string_view, const char*> table[] = {
+      {"zero_optimization.contiguous_gradients", "zshard's gradient buckets are contiguous already"},
+      {"zero_optimization.sub_group_size", "the host optimizer works in host_tile_numel tiles (offload_config)"},
+      {"zero_optimization.stage3_gather_16bit_weights_on_model_save", "checkpoints are zshard's own (sharded)"},
+      {"zero_optimization.stage3_gather_fp16_weights_on_model_save", "checkpoints are zshard's own (sharded)"},
+      {"zero_optimization.allgather_partitions", "zshard always all-gathers parameters (stage 3)"},
+      {"zero_optimization.allgather_bucket_size", "gathers are per module, bounded by max_live_numel"},
+      {"zero_optimization.reduce_scatter", "zshard always reduce-scatters gradients"},
+      {"zero_optimization.round_robin_gradients", "gradient shards are even slices of every parameter"},
+      {"zero_optimization.memory_efficient_linear", "zshard does not wrap the model's layers"},
+      {"zero_optimization.stage3_model_persistence_threshold", "persistence is per parameter only"},
+      {"zero_optimization.offload_optimizer.buffer_count", "staging is two halves of host_staging_numel"},
+      {"zero_optimization.offload_optimizer.fast_init", "host state is initialised from the shards"},
+      {"zero_optimization.offload_optimizer.ratio", "the whole optimizer runs where offload_optimizer says"},
+      {"zero_optimization.offload_param.pin_memory", "parameters stay on the device"},
+      {"zero_optimization.offload_param.buffer_count", "parameters stay on the device"},
+      {"zero_optimization.offload_param.buffer_size", "parameters stay on the device"},
+      {"zero_optimization.offload_param.max_in_cpu", "parameters stay on the device"},
+      {"fp16.hysteresis", "zshard's scaler backs off at the first overflow"},
+      {"fp16.consecutive_hysteresis", "zshard's scaler backs off at the first overflow"},
+      {"fp16.auto_cast", "the training stack owns its kernels' precision"},
+      {"bf16.immediate_grad_update", "gradients are accumulated in f32 shards"},
+      {"optimizer.params.torch_adam", "zshard's AdamW is its own"},
+      {"optimizer.params.adam_w_mode", "zshard's Adam is AdamW (decoupled weight decay)"},
+      {"optimizer.params.bias_correction", "zshard's AdamW always corrects the moments' bias"},
+      {"scheduler", "learning-rate schedules belong to the training loop (engine::set_lr)"},
+      {"train_batch_size", "the global batch is ranks x micro_batch_size x gradient_accumulation_steps"},
+      {"steps_per_print", "the training loop prints"},
+      {"wall_clock_breakdown", "use engine_config::trace for a timeline"},
+      {"zero_allow_untested_optimizer", "zshard runs AdamW only"},
+      {"communication_data_type", "collectives run in the parameters' dtype, gradients in f32"},
+      {"prescale_gradients", "gradients are averaged by the reduce-scatter"},
+      {"gradient_predivide_factor", "gradients are averaged by the reduce-scatter"},
+      {"flops_profiler", "not part of zshard"},
+      {"tensorboard", "not part of zshard"},
+      {"wandb", "not part of zshard"},
+      {"activation_checkpointing", "the training stack checkpoints (engine::recompute)"},
+      {"data_types", "gradients are accumulated in f32"},
+  };
+  for (const auto& [k, why] : table)
+    if (k == key) return why;
+  return nullptr;
+}
+
+class deepspeed_reader {
+ public:
+  deepspeed_reader(std::string source, import_options opt) : in_(std::move(source)), opt_(opt) {}
+
+  deepspeed_settings read(const nlohmann::ordered_json& root) {
+    in_.require_object(root, "");
+    for (const auto& [key, v] : root.items()) {
+      if (key == "zero_optimization")
+        zero(v);
+      else if (key == "gradient_clipping") {
+        if (auto x = in_.number(v, key, 0.0, INFINITY, "a norm >= 0 (0 turns clipping off)"))
+          out_.engine.clip_norm = *x;
+        else
+          auto_note(key, "keeps clip_norm = " + fmt(out_.engine.clip_norm));
+      } else if (key == "gradient_accumulation_steps") {
+        if (auto x = in_.count(v, key, 1, 1 << 20))
+          out_.gradient_accumulation_steps = int(*x);
+        else
+          auto_note(key, "keeps 1 micro-batch per step; the training loop decides");
+      } else if (key == "train_micro_batch_size_per_gpu") {
+        if (auto x = in_.count(v, key, 1, 1 << 20))
+          out_.micro_batch_size = int(*x);
+        else
+          auto_note(key, "the training loop's batch size applies");
+      } else if (key == "bf16" || key == "fp16")
+        precision(key, v);
+      else if (key == "optimizer")
+        optimizer(v);
+      else
+        other(key);
+    }
+    if (half_[0] && half_[1])
+      in_.fail("bf16.enabled and fp16.enabled", "are both true", "enable one working precision");
+    try {
+      out_.engine.validate();
+    } catch (const error& e) {
+      in_.fail("the imported values", e.message(), e.hint());
+    }
+    return std::move(out_);
+  }
+
+ private:
+  void zero(const nlohmann::ordered_json& z) {
+    in_.require_object(z, "zero_optimization");
+    auto& c = out_.engine;
+    for (const auto& [k, v] : z.items()) {
+      const std::string key = "zero_optimization." + k;
+      if (k == "stage") {
+        const auto s = in_.count(v, key, 0, 3);
+        if (!s) in_.fail(key, "is \"auto\"", "zshard is ZeRO stage 3: set 3");
+        if (*s != 3)
+          in_.fail(key, "is " + std::to_string(*s) + ", zshard implements stage 3 only",
+                   "set \"stage\": 3 (parameters, gradients and optimizer state sharded)");
+      } else if (k == "stage3_max_live_parameters") {
+        size_key(v, key, c.prefetch.max_live_numel, 1, std::nullopt);
+      } else if (k == "stage3_prefetch_bucket_size") {
+        size_key(v, key, c.prefetch.prefetch_numel, 0, hidden_sq(0.9));
+      } else if (k == "stage3_param_persistence_threshold") {
+        size_key(v, key, c.partition.persistence_threshold_numel, 0,
+                 opt_.hidden_size ? std::optional<std::size_t>(10 * *opt_.hidden_size) : std::nullopt);
+      } else if (k == "stage3_max_reuse_distance") {
+        size_key(v, key, c.prefetch.max_reuse_distance, 0, std::nullopt);
+      } else if (k == "reduce_bucket_size") {
+        size_key(v, key, c.reduce.reduce_bucket_numel, 1, hidden_sq(1.0));
+      } else if (k == "overlap_comm") {
+        if (auto b = in_.boolean(v, key))
+          c.overlap = *b;
+        else
+          auto_note(key, "keeps overlap = on");
+      } else if (k == "offload_optimizer") {
+        offload_optimizer(v, key);
+      } else if (k == "offload_param") {
+        offload_param(v, key);
+      } else {
+        other(key);
+      }
+    }
+  }
+
+  void offload_optimizer(const nlohmann::ordered_json& o, const std::string& where) {
+    in_.require_object(o, where);
+    for (const auto& [k, v] : o.items()) {
+      const std::string key = where + "." + k;
+      if (k == "device") {
+        const std::string d = in_.string(v, key);
+        if (d == "cpu")
+          out_.offload_optimizer = true;
+        else if (d == "none")
+          out_.offload_optimizer = false;
+        else if (d == "nvme")
+          in_.fail(key, "is \"nvme\": zshard offloads optimizer state to host memory, not to NVMe",
+                   "use \"cpu\" (zshard::offload::host_adam) and size host memory with zshard_plan");
+        else
+          in_.fail(key, "is \"" + d + "\"", "use \"cpu\" or \"none\"");
+      } else if (k == "pin_memory") {
+        if (auto b = in_.boolean(v, key)) out_.pin_memory = *b;
+        if (!out_.pin_memory)
+          note(key + " = false: zshard stages device transfers through page-locked buffers regardless");
+      } else if (k == "nvme_path") {
+        note(key + ": no NVMe offload in zshard");
+      } else {
+        other(key);
+      }
+    }
+  }
+
+  void offload_param(const nlohmann::ordered_json& o, const std::string& where) {
+    in_.require_object(o, where);
+    for (const auto& [k, v] : o.items()) {
+      const std::string key = where + "." + k;
+      if (k == "device") {
+        const std::string d = in_.string(v, key);
+        if (d != "none")
+          in_.fail(key, "is \"" + d + "\": zshard keeps parameter shards on the device",
+                   "set \"none\"; with 8 ranks a 70B model's bf16 shards take 17.5 GB each (see zshard_plan)");
+      } else {
+        other(key);
+      }
+    }
+  }
+
+  void precision(const std::string& which, const nlohmann::ordered_json& p) {
+    in_.require_object(p, which);
+    const bool f16 = which == "fp16";
+    bool enabled = false;
+    if (p.contains("enabled")) {
+      const auto b = in_.boolean(p.at("enabled"), which + ".enabled");
+      if (!b) auto_note(which + ".enabled", "counts as false: say true or false");
+      enabled = b.value_or(false);
+    }
+    half_[f16 ? 1 : 0] = enabled;
+    if (enabled) out_.engine.param_dtype = f16 ? dtype::f16 : dtype::bf16;
+    auto& ls = out_.engine.loss_scale;
+    if (f16 && enabled) ls.enabled = true;
+    for (const auto& [k, v] : p.items()) {
+      const std::string key = which + "." + k;
+      if (k == "enabled") continue;
+      if (!f16) {
+        other(key);
+      } else if (k == "loss_scale") {
+        const auto s = in_.number(v, key, 0.0, 1e38, "0 (dynamic) or a positive static scale");
+        if (s && *s > 0) {  // static: never grows, never backs off (min_scale pins it)
+          ls.initial_scale = ls.min_scale = float(*s);
+          ls.growth_interval = std::numeric_limits<int>::max();
+          note(key + " = " + fmt(*s) + ": a static scale; overflowing steps are still skipped");
+        }
+      } else if (k == "initial_scale_power") {
+        if (auto e = in_.count(v, key, 0, 120)) ls.initial_scale = std::ldexp(1.0f, int(*e));
+      } else if (k == "loss_scale_window") {
+        if (auto w = in_.count(v, key, 1, std::numeric_limits<int>::max())) ls.growth_interval = int(*w);
+      } else if (k == "min_loss_scale") {
+        if (auto m = in_.number(v, key, 0.0, 1e38, "a positive scale")) {
+          if (!(*m > 0)) in_.fail(key, "is 0", "use a positive scale such as 1");
+          ls.min_scale = float(*m);
+        }
+      } else {
+        other(key);
+      }
+    }
+  }
+
+  void optimizer(const nlohmann::ordered_json& o) {
+    in_.require_object(o, "optimizer");
+    for (const auto& [k, v] : o.items()) {
+      if (k == "type") {
+        std::string t = in_.string(v, "optimizer.type");
+        for (auto& ch : t) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+        if (t != "adamw" && t != "adam" && t != "cpuadam" && t != "fusedadam")
+          in_.fail("optimizer.type", "is \"" + in_.string(v, "optimizer.type") + "\": zshard runs AdamW",
+                   "use \"AdamW\" (or drop the optimizer section and set engine_config::adamw)");
+      } else if (k == "params") {
+        adam_params(v);
+      } else {
+        other("optimizer." + k);
+      }
+    }
+  }
+
+  void adam_params(const nlohmann::ordered_json& p) {
+    in_.require_object(p, "optimizer.params");
+    auto& a = out_.engine.adamw;
+    for (const auto& [k, v] : p.items()) {
+      const std::string key = "optimizer.params." + k;
+      if (k == "lr") {
+        if (auto x = in_.number(v, key, 1e-30, 1e30, "a positive learning rate"))
+          a.lr = float(*x);
+        else
+          auto_note(key, "the training loop sets it (engine::set_lr); until then lr = " + fmt(a.lr));
+      } else if (k == "betas") {
+        if (in_.is_auto(v)) {
+          auto_note(key, "keeps (" + fmt(a.beta1) + ", " + fmt(a.beta2) + ")");
+          continue;
+        }
+        if (!v.is_array() || v.size() != 2) in_.fail(key, "must be a list of two numbers", "e.g. [0.9, 0.95]");
+        a.beta1 = float(*in_.number(v[0], key + "[0]", 0.0, 0.999999, "a decay in [0, 1)"));
+        a.beta2 = float(*in_.number(v[1], key + "[1]", 0.0, 0.999999999, "a decay in [0, 1)"));
+      } else if (k == "eps") {
+        if (auto x = in_.number(v, key, 1e-30, 1.0, "a small positive value"))
+          a.eps = float(*x);
+        else
+          auto_note(key, "keeps " + fmt(a.eps));
+      } else if (k == "weight_decay") {
+        if (auto x = in_.number(v, key, 0.0, 1e6, "a decay >= 0"))
+          a.weight_decay = float(*x);
+        else
+          auto_note(key, "keeps " + fmt(a.weight_decay));
+      } else {
+        other(key);
+      }
+    }
+  }
+
+  // A size in elements: a whole number (5e8 is fine), or "auto" (the Trainer rule if known).
+  void size_key(const nlohmann::ordered_json& v, const std::string& key, std::size_t& into, std::size_t min,
+                std::optional<std::size_t> trainer_auto) {
+    if (auto n = in_.count(v, key, min, std::size_t{1} << 53)) {
+      into = std::size_t(*n);
+    } else if (trainer_auto) {
+      into = *trainer_auto;
+      auto_note(key, "= " + std::to_string(into) + " (the Trainer's rule for hidden_size " +
+                         std::to_string(*opt_.hidden_size) + ")");
+    } else {
+      auto_note(key,
+                "keeps zshard's default " + std::to_string(into) +
+                    (opt_.hidden_size ? std::string() : " (give import_options::hidden_size for the Trainer's rule)"));
+    }
+  }
+  std::optional<std::size_t> hidden_sq(double f) const {
+    if (!opt_.hidden_size) return std::nullopt;
+    return std::size_t(f * double(*opt_.hidden_size) * double(*opt_.hidden_size));
+  }
+
+  void other(const std::string& key) {
+    if (const char* why = no_counterpart(key))
+      note(key + ": no counterpart in zshard (" + why + ")");
+    else if (seen_.insert(key).second)
+      out_.unknown_keys.push_back(key);
+  }
+  void auto_note(const std::string& key, const std::string& what) {
+    note(key + " is \"auto\" (the Hugging Face Trainer fills it in; zshard has none): " + what);
+  }
+  void note(std::string line) { out_.notes.push_back(std::move(line)); }
+  static std::string fmt(double x) {
+    std::ostringstream os;
+    os << x;
+    return os.str();
+  }
+
+  json_reader in_;
+  import_options opt_;
+  deepspeed_settings out_;
+  bool half_[2] = {false, false};
+  std::set<std::string> seen_;
+};
+
+}  // namespace detail
+
+// Parses `text` (a DeepSpeed JSON config); `source` names it in errors (a file name).
+inline deepspeed_settings parse_deepspeed_config(std::string_view text, import_options opt = {},
+                                                 const std::string& source = "deepspeed config") {
+  nlohmann::ordered_json root;
+  try {
+    root = nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr, true, /*ignore_comments=*/true);
+  } catch (const nlohmann::ordered_json::parse_error& e) {
+    throw error(error_kind::config, source + ": not valid JSON (" + e.what() + ")",
+                "check the file with `python3 -m json.tool FILE`");
+  }
+  return detail::deepspeed_reader(source, opt).read(root);
+}
+
+inline deepspeed_settings read_deepspeed_config(const std::string& path, import_options opt = {}) {
+  std::ifstream f(path, std::ios::binary);
+  ZSHARD_REQUIRE(f.good(), error_kind::io, "cannot open DeepSpeed config '" + path + "'",
+                 "check the path given to --deepspeed-config");
+  std::ostringstream text;
+  text << f.rdbuf();
+  return parse_deepspeed_config(text.str(), opt, path);
+}
+
+}  // namespace zshard::config

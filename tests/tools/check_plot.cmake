@@ -1,0 +1,23 @@
+cmake_minimum_required(VERSION 3.22)
+# tools/plot_memory.py on the main job's trace writes a PNG (checked by its signature).
+# Skipped (ctest SKIP_REGULAR_EXPRESSION) when matplotlib is not installed.
+# Usage: cmake -DPYTHON=... -DSCRIPT=... -DTRACE=... -DPNG=... -P check_plot.cmake
+file(REMOVE ${PNG})
+execute_process(COMMAND ${PYTHON} ${SCRIPT} ${TRACE} ${PNG} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(rc EQUAL 3)
+  message("SKIPPED: matplotlib is not installed for ${PYTHON} (scripts/test.sh installs it into build/venv)")
+  return()
+endif()
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "plot_memory.py exited with ${rc}")
+endif()
+if(NOT EXISTS ${PNG})
+  message(FATAL_ERROR "no PNG written to ${PNG}")
+endif()
+file(READ ${PNG} magic LIMIT 8 HEX)
+if(NOT magic STREQUAL "89504e470d0a1a0a")
+  message(FATAL_ERROR "${PNG} is not a PNG (starts with ${magic})")
+endif()
+file(SIZE ${PNG} size)
+message("PNG written: ${size} bytes")
