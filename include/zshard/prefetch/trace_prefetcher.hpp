@@ -104,6 +104,9 @@ class trace {
   }
 
   std::size_t divergences() const noexcept { return divergences_; }
+  // What one traced pass is called in its log lines ("step" unless a composite Prefetcher, such
+  // as pass_trace, keeps a trace per kind of pass).
+  void name_pass(const char* name) noexcept { pass_name_ = name; }
   bool replaying() const noexcept { return state_ == state::replaying; }
   std::size_t trace_length() const noexcept { return trace_.size(); }
 
@@ -138,7 +141,7 @@ class trace {
     state_ = state::on_demand;
   }
   void diverge_at_step_end() {
-    note("the step ended after " + std::to_string(pos_) + " of " + std::to_string(trace_.size()) + " traced scopes");
+    note("the " + std::string(pass_name_) + " ended after " + std::to_string(pos_) + " of " + std::to_string(trace_.size()) + " traced scopes");
     state_ = state::recording;
     recording_.clear();
   }
@@ -166,6 +169,7 @@ class trace {
   std::size_t frontier_ = 0;      // first trace position not yet requested ahead
   std::size_t window_numel_ = 0;  // elements requested ahead and not yet used
   std::size_t divergences_ = 0;
+  const char* pass_name_ = "step";
 };
 
 static_assert(check_prefetcher<trace>());
