@@ -103,7 +103,7 @@ class engine {
                 schedule_settings(spec_, cfg_, layouts_, comm.size())),
         comm_(groups_.shard()),
         reduce_comm_(groups_.reduce_shard()),
-        watch_(backend, comm_, reduce_comm_),
+        watch_(backend, comm_, reduce_comm_, groups_.replica(), hybrid_.flat() ? nullptr : &groups_.world()),
         store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap, compute ? &*compute : nullptr),
         offloader_(store_, comm_, cfg_.adamw, cfg_.offload),
         sink_(offloader_, groups_.replica(), store_),
@@ -701,7 +701,7 @@ class engine {
   hybrid_groups<Backend, Comm> groups_;
   Comm& comm_;         // the shard group's communicator (the world's when flat)
   Comm& reduce_comm_;  // comm_ unless a second communicator was given
-  comm_watch<Backend, Comm> watch_;  // the backend's host waits check both communicators
+  comm_watch<Backend, Comm> watch_;  // the backend's host waits check every communicator
   param_store<Backend> store_;
   offloader_type offloader_;
   sink_type sink_;  // the Offloader, behind the all-reduce across replica groups when hybrid
