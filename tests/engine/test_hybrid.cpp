@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <functional>
+#include <optional>
 #include <mutex>
 #include <string>
 
@@ -22,7 +23,9 @@ struct hybrid_run {
   std::vector<std::size_t> sharded_bytes;                   // per world rank
 };
 
-hybrid_run train_hybrid(const toy::train_options& o, int group) {
+// `separate_reduce`: gradient reductions on a second communicator of the world (engine's
+// reduce_comm), which the engine splits too.
+hybrid_run train_hybrid(const toy::train_options& o, int group, bool separate_reduce = false) {
   hybrid_run out;
   out.every_rank.resize(std::size_t(o.world));
   out.sharded_bytes.resize(std::size_t(o.world));
@@ -32,8 +35,11 @@ hybrid_run train_hybrid(const toy::train_options& o, int group) {
   zshard::run_ranks(o.world, [&](zshard::thread_comm& comm) {
     toy::ids id;
     zshard::host_backend backend;
-    zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, toy::make_spec(o.model, id),
-                                                                  cfg.engine);
+    std::optional<zshard::thread_comm> reduce;
+    if (separate_reduce) reduce.emplace(comm.split(0, comm.rank()));
+    zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, reduce ? *reduce : comm,
+                                                                  toy::make_spec(o.model, id), cfg.engine);
+    REQUIRE(eng.separate_reduce_comm() == separate_reduce);
     REQUIRE(eng.comm().size() == (group == 0 ? o.world : group));
     REQUIRE(eng.world_comm().size() == o.world);
     toy::train_checkpointed_rank(eng, comm.rank(), cfg, mu, out.rank0, &out.every_rank);
@@ -187,4 +193,10 @@ TEST_CASE("hybrid on the null communicator: the layout splits without peers, gat
   CHECK(h.replica_bytes > 0);
   CHECK(h.replica_bytes < h.group_bytes);   // only gradients cross groups
   CHECK(h.world_bytes < f.world_bytes / 10);  // the world carries only the step's small exchange
+}
+
+TEST_CASE("hybrid with a second communicator for reductions: the same bits") {
+  const auto o = options(8, 1);
+  const auto one = train_hybrid(o, 4), two = train_hybrid(o, 4, true);  // 2 x 4
+  CHECK(one.every_rank == two.every_rank);
 }
