@@ -86,7 +86,10 @@ memory_plan plan_memory(const model_spec& spec, const engine_config& cfg, int wo
     layouts.push_back(partitioner.layout(id, group, cfg.partition));
     validate_layout(layouts.back(), id, group);
   }
-  return detail::plan_walk(spec, cfg, world, std::move(layouts), schedule, opt).run();
+  plan_options o = opt;
+  // Hybrid sharding splits two more communicators (shard group, replica group) off the world.
+  if (group != world && o.overheads.communicators > 0) o.overheads.communicators += 2;
+  return detail::plan_walk(spec, cfg, world, std::move(layouts), schedule, o).run();
 }
 
 // One step program, every step the same.

@@ -352,9 +352,14 @@ class plan_walk {
   }
   void reduce_pack(std::size_t begin, std::size_t end, std::size_t numel, std::size_t count) {
     if (count > 1) charge(mem_category::grad_buckets, 4 * numel);
+    // one all-reduce of the pack in the group (a pack of one: the parameter's own), then each
+    // member's across replica groups (reduce/replica_sink.hpp)
+    if (count > 1) traffic_.shard_group += all_reduce_bytes(4 * numel, group());
     for (std::size_t i = begin, packed = 0; i < end && packed < count; ++i) {
       const param_id p = pending_[i];
       if (!packable(p)) continue;
+      if (count > 1 && !hybrid_.flat()) traffic_.across_groups += all_reduce_bytes(4 * layouts_[p].numel, hybrid_.replicas);
+      if (count == 1) reduce_traffic(p);
       here_.what = 1;
       here_.param = p;
       ledger_.release(mem_category::grad_buckets, 4 * layouts_[p].padded_numel);
