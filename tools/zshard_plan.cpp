@@ -43,6 +43,9 @@ write_schedule_file; the file's settings are the defaults, options below overrid
   --hooks on|off        modules at DeepSpeed's hook granularity (projections and norms),
                         each block a checkpointed segment; off: one module per block (default on)
   --world N             data-parallel ranks                        (default 8)
+  --shard-group N       hybrid sharding: ranks per shard group, replicated across the
+                        world / N groups (default 0: ZeRO-3 over the whole world)
+  --ranks-per-node N    ranks per node, to check the groups fit the nodes (default 0: unchecked)
   --device-gib G        device memory per rank: says whether the plan fits
   --micro-batch B       sequences per micro-batch                  (default 1)
   --seq S               tokens per sequence                        (default 4096)
@@ -178,6 +181,11 @@ options parse(const std::vector<std::string>& args) {
       const std::size_t n = count(a, v);
       if (n > 1'000'000) throw usage_error("--world " + v + " is not a plausible number of ranks");
       o.world = int(n);
+    } else if (a == "--shard-group" || a == "--ranks-per-node") {
+      o.overrides.emplace_back(a, v);
+      const std::size_t n = count(a, v);
+      if (n > 1'000'000) throw usage_error(a + " " + v + " is not a plausible number of ranks");
+      (a == "--shard-group" ? o.cfg.hybrid.shard_group_size : o.cfg.hybrid.ranks_per_node) = int(n);
     } else if (a == "--device-gib") {
       const double g = number(a, v);
       if (g <= 0) throw usage_error("--device-gib must be positive");
@@ -281,7 +289,13 @@ int report(const options& o, const model_spec& spec, const engine_config& cfg, i
   std::printf("host_gib_per_rank: %.3f\n", gib(plan.host.total_peak));
   std::printf("steps_planned: %d\n", plan.steps_simulated);
   std::printf("peak_bytes_per_rank: %zu\n", plan.device.total_peak);
+  std::printf("shard_group_ranks: %d\n", plan.shard_group);
+  std::printf("sent_in_group_gib_per_step: %.3f\n", gib(plan.traffic.shard_group));
+  std::printf("sent_across_groups_gib_per_step: %.3f\n", gib(plan.traffic.across_groups));
   if (sim) {
+    const bool same = plan.traffic.total() == sim->bytes_sent_per_step &&
+                      plan.traffic.across_groups == sim->across_groups_bytes_per_step;
+    std::printf("simulated_bytes_match_plan: %s\n", same ? "yes" : "no (max_live_numel binds: gathers differ)");
     std::printf("simulated_peak_gib: %.3f\n", gib(sim->peak()));
     bool within = sim->peak() <= plan.device.total_peak;
     for (const auto& l : sim->steps)
@@ -336,6 +350,10 @@ int run_file(const options& o) {
       f.cfg.prefetch.allow_oversized_module = parsed.cfg.prefetch.allow_oversized_module;
     else if (flag == "--dtype")
       f.cfg.param_dtype = parsed.cfg.param_dtype;
+    else if (flag == "--shard-group")
+      f.cfg.hybrid.shard_group_size = parsed.cfg.hybrid.shard_group_size;
+    else if (flag == "--ranks-per-node")
+      f.cfg.hybrid.ranks_per_node = parsed.cfg.hybrid.ranks_per_node;
   }
   f.cfg.log = [](const std::string&) {};  // a trace divergence in --simulate is planned for
   std::size_t events = 0;

@@ -38,7 +38,9 @@ inline zshard::engine_config engine_options(zshard::dtype t = zshard::dtype::f32
 // world size), the same whatever the world size.
 template <class Engine>
 void train_steps(Engine& eng, const toy::ids& id, const toy::config& mc, int first, int count, int global_rows = 0) {
-  const int world = eng.comm().size(), rank = eng.comm().rank();
+  // data parallel over the whole job (every rank of every replica group under hybrid sharding)
+  auto& job = zshard::checkpoint::job_comm(eng);
+  const int world = job.size(), rank = job.rank();
   const int rows = global_rows ? global_rows / world : 3;
   for (int step = first; step < first + count; ++step) {
     const toy::batch global = toy::make_batch(mc.vocab, std::uint64_t(step), world * rows);

@@ -160,3 +160,12 @@ TEST_CASE("a missing file is an i/o error naming the path") {
   CHECK(test_support::kind_of(read) == error_kind::io);
   CHECK(test_support::message_of(read).find("/nonexistent/ds.json") != std::string::npos);
 }
+
+TEST_CASE("MiCS's mics_shard_size maps to hybrid sharding's shard group size") {
+  CHECK(parse_deepspeed_config(R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})").engine.hybrid.shard_group_size ==
+        8);
+  CHECK(parse_deepspeed_config(R"({"zero_optimization": {"stage": 3, "mics_shard_size": -1}})").engine.hybrid.shard_group_size ==
+        0);
+  CHECK_THROWS_WITH_AS(parse_deepspeed_config(R"({"zero_optimization": {"mics_shard_size": 0}})"),
+                       doctest::Contains("zero_optimization.mics_shard_size"), zshard::error);
+}

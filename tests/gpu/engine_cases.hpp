@@ -90,3 +90,19 @@ TEST_CASE("engine on GPUs with the host Offloader (optimizer state in pinned hos
     }
   }
 }
+
+TEST_CASE("engine on GPUs: hybrid sharding (replicas x shard group, ncclCommSplit) equals the reference") {
+  const int n = std::min(gpu_test::device_count(), 8);
+  if (n < 2) return;  // one GPU: no replicas
+  for (int group : {1, n % 2 == 0 && n >= 4 ? 2 : n}) {
+    for (bool separate_reduce : {false, true}) {
+      auto o = engine_cases::base(n);
+      o.micro_batches = 2;
+      o.engine.hybrid.shard_group_size = group;
+      const std::string what = std::to_string(n / group) + " x " + std::to_string(group) +
+                               (separate_reduce ? ", reductions on a second communicator" : "");
+      engine_cases::check_equal(gpu_test::train_on_gpus(o, zshard::nccl_completion::enqueue, separate_reduce),
+                                toy::train_reference(o), dtype::f32, what);
+    }
+  }
+}

@@ -16,11 +16,30 @@ namespace zshard::checkpoint {
 
 inline constexpr std::size_t agreement_block_bytes = 1024;
 
-// Every rank's `mine` (truncated to the block), in rank order. Collective.
+// The communicator of every rank of the job: under hybrid sharding the engine's world (its
+// comm() is then one shard group's), else its comm(). Checkpoint ranks agree, and meet, over it.
+template <class Engine>
+auto& job_comm(Engine& eng) {
+  if constexpr (requires { eng.world_comm(); })
+    return eng.world_comm();
+  else
+    return eng.comm();
+}
+// This rank's replica group under hybrid sharding (0 when flat): the replicas of a shard group
+// hold the same shards, so only replica 0 writes them.
+template <class Engine>
+int replica_of(Engine& eng) {
+  if constexpr (requires { eng.replica_index(); })
+    return eng.replica_index();
+  else
+    return 0;
+}
+
+// Every rank's `mine` (truncated to the block), in rank order over the job. Collective.
 template <class Engine>
 std::vector<std::string> exchange_messages(Engine& eng, const std::string& mine) {
   auto& backend = eng.backend();
-  auto& comm = eng.comm();
+  auto& comm = job_comm(eng);
   const auto world = static_cast<std::size_t>(comm.size());
   constexpr std::size_t words = agreement_block_bytes / 4;
   std::vector<char> host(agreement_block_bytes * world, '\0');

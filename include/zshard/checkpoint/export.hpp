@@ -53,7 +53,10 @@ inline void check_export_options(const export_options& o) {
 template <class Engine>
 void export_engine(Engine& eng, const std::string& out, const export_options& o = {}) {
   check_export_options(o);
-  const int rank = eng.comm().rank(), world = eng.comm().size();
+  // Ranks meet over the whole job; under hybrid sharding only replica 0's shard group writes.
+  const int rank = job_comm(eng).rank(), world = job_comm(eng).size();
+  const int shard_rank = eng.comm().rank();
+  const bool writes = replica_of(eng) == 0;
   const std::string what = "export to '" + out + "'";
   const manifest m = describe_engine(eng);
   const std::string tmp = out + ".zshard-export.tmp", data = tmp + "/data.safetensors";
@@ -78,9 +81,9 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
     try {
       host_staging chunk(eng.backend(), o.chunk_bytes);
       file_handle f(data, O_WRONLY);
-      for (param_id p = 0; p < m.params.size(); ++p) {
+      for (param_id p = 0; writes && p < m.params.size(); ++p) {
         const auto& mp = m.params[p];
-        const auto [b, e] = mp.replicated ? (rank == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, mp.numel}
+        const auto [b, e] = mp.replicated ? (shard_rank == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, mp.numel}
                                                        : std::pair<std::uint64_t, std::uint64_t>{0, 0})
                                           : held_range(eng, p);
         const state_field fld = mp.trainable ? o.source : state_field::working;

@@ -81,7 +81,6 @@ void verify_file(const safetensors_file& f, const manifest_file& want, Staging& 
 
 template <class Engine>
 loaded_checkpoint load(Engine& eng, const std::string& path, const load_options& o = {}) {
-  const int rank = eng.comm().rank(), world = eng.comm().size();
   const std::string what = "checkpoint load from '" + path + "'";
   loaded_checkpoint out;
   manifest m;
@@ -137,7 +136,7 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
       }
     }
     if (o.verify_checksums)
-      for (int q = rank; q < m.world_size; q += world) verify_file(open(q), m.files[static_cast<std::size_t>(q)], *chunk);
+      for (int q = job_comm(eng).rank(); q < m.world_size; q += job_comm(eng).size()) verify_file(open(q), m.files[static_cast<std::size_t>(q)], *chunk);
     if (m.user_state) {
       const std::string upath = out.path + "/" + m.user_state->name;
       out.user_state = read_small_file(upath, std::size_t{1} << 30);

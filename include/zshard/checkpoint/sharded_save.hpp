@@ -105,7 +105,11 @@ written_file write_rank_file(Engine& eng, const manifest& m, int rank, const std
 
 template <class Engine>
 saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o = {}) {
-  const int rank = eng.comm().rank(), world = eng.comm().size();
+  // Ranks meet over the whole job; under hybrid sharding only replica 0's shard group writes its
+  // files (the other replicas hold the same bits) and the checkpoint has shard-group-size files.
+  const int rank = job_comm(eng).rank(), world = job_comm(eng).size();
+  const int file_rank = eng.comm().rank(), files = eng.comm().size();
+  const bool writes = replica_of(eng) == 0;
   const std::string what = "checkpoint save to '" + dir + "'";
   manifest m = describe_engine(eng);
 
@@ -131,11 +135,13 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
   {
     bool ok = true;
     std::string text;
-    const std::string path = tmp + "/" + rank_file_name(rank);
+    const std::string path = tmp + "/" + rank_file_name(file_rank);
     try {
-      host_staging chunk(eng.backend(), o.chunk_bytes);
-      const written_file wf = write_rank_file(eng, m, rank, path, chunk, o.hook);
-      text = std::to_string(wf.bytes) + " " + std::to_string(wf.crc);
+      if (writes) {
+        host_staging chunk(eng.backend(), o.chunk_bytes);
+        const written_file wf = write_rank_file(eng, m, file_rank, path, chunk, o.hook);
+        text = std::to_string(wf.bytes) + " " + std::to_string(wf.crc);
+      }
     } catch (const error& e) {
       ok = false;
       text = encode_error(e);
@@ -143,7 +149,7 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
       ok = false;
       text = encode_error(error(error_kind::io, e.what()));
     }
-    if (!ok) {
+    if (!ok && writes) {
       std::error_code ec;
       std::filesystem::remove(path, ec);  // free the space a full disk needs for the marker
     }
@@ -160,7 +166,7 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
   // 4. rank 0 commits
   agree(eng, what, [&] {
     if (rank != 0) return;
-    for (int q = 0; q < world; ++q) {
+    for (int q = 0; q < files; ++q) {  // replica 0's ranks are the job's ranks 0 .. files - 1
       const std::string& t = outcomes[static_cast<std::size_t>(q)].text;
       const auto space = t.find(' ');
       m.files.push_back({rank_file_name(q), std::stoull(t.substr(0, space)),
@@ -177,7 +183,7 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
   });
   std::error_code ec;
   if (rank == 0) std::filesystem::remove_all(markers, ec);
-  return {final_path, m.run.step, std::filesystem::file_size(final_path + "/" + rank_file_name(rank), ec)};
+  return {final_path, m.run.step, std::filesystem::file_size(final_path + "/" + rank_file_name(file_rank), ec)};
 }
 
 }  // namespace zshard::checkpoint

@@ -231,6 +231,24 @@ class mpi_comm {
     }
   }
 
+  // Every rank's node, named by the lowest rank on it (MPI_COMM_TYPE_SHARED: the processes that
+  // can share memory). A collective, for hybrid sharding's node rule (partition/hybrid_layout.hpp).
+  // A barrier through the checked path first, so a rank that does not call it fails within the
+  // timeout instead of blocking in MPI_Comm_split_type.
+  std::vector<int> node_ids() {
+    barrier();
+    MPI_Comm shared = MPI_COMM_NULL;
+    current_ = "node_ids (MPI_Comm_split_type)";
+    check(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared));
+    std::int32_t first = rank_;
+    const int rc = MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT32_T, MPI_MIN, shared);
+    MPI_Comm_free(&shared);
+    check(rc);
+    std::vector<std::int32_t> all(static_cast<std::size_t>(size_));
+    all_gather(&first, all.data(), 1, dtype::f32);  // an int32 as an f32 word: a copy
+    return std::vector<int>(all.begin(), all.end());
+  }
+
   // Ends this rank's run: tells every peer how many collectives it called, then waits (up to
   // the timeout) for theirs and checks they agree. A peer still waiting in a collective this
   // rank never called fails at once, naming this rank. run_mpi() calls it; idempotent.

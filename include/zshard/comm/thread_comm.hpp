@@ -485,6 +485,9 @@ class thread_comm {
     world_->rendezvous(rank_, detail::collective::barrier, &s, /*last=*/true);
   }
 
+  // Every rank's node (hybrid sharding's node rule): threads of one process share one node.
+  std::vector<int> node_ids() const { return std::vector<int>(static_cast<std::size_t>(size()), 0); }
+
   // The sub-communicator of the ranks that pass the same color (>= 0), ordered by (key, rank),
   // as MPI_Comm_split. A collective: every rank calls it. The group gets a thread_world of its
   // own (same timeout), kept alive by its handles and aborted when this world is.

@@ -13,6 +13,7 @@
 //   zero_optimization.stage3_param_persistence_threshold  partition.persistence_threshold_numel
 //   zero_optimization.stage3_max_reuse_distance   prefetch.max_reuse_distance
 //   zero_optimization.reduce_bucket_size          reduce.reduce_bucket_numel
+//   zero_optimization.mics_shard_size             hybrid.shard_group_size (-1: plain ZeRO-3)
 //   zero_optimization.overlap_comm                overlap
 //   zero_optimization.offload_optimizer.device    cpu: offload_optimizer (use offload::host_adam); none: on device
 //   zero_optimization.offload_optimizer.pin_memory  pin_memory (zshard always stages through pinned memory)
@@ -190,6 +191,12 @@ class deepspeed_reader {
         size_key(v, key, c.prefetch.max_reuse_distance, 0, std::nullopt);
       } else if (k == "reduce_bucket_size") {
         size_key(v, key, c.reduce.reduce_bucket_numel, 1, hidden_sq(1.0));
+      } else if (k == "mics_shard_size") {  // MiCS: shard within groups, replicate across them
+        if (v.is_number_integer() && v.get<std::int64_t>() < 0) continue;  // DeepSpeed's -1: MiCS off
+        if (const auto n = in_.count(v, key, 1, 1u << 20))
+          c.hybrid.shard_group_size = int(*n);
+        else
+          auto_note(key, "keeps plain ZeRO-3 over the whole world");
       } else if (k == "overlap_comm") {
         if (auto b = in_.boolean(v, key))
           c.overlap = *b;

@@ -24,11 +24,15 @@ class comm_watch {
   };
   static constexpr bool can_abort = requires(Comm& c, const std::string& why) { c.abort(why); };
 
-  // `reduce` may be `comm` itself.
-  comm_watch(Backend& backend, Comm& comm, Comm& reduce) : backend_(backend), comm_(comm), reduce_(reduce) {
+  // `reduce` may be `comm` itself. Hybrid sharding adds the replica group's communicator and the
+  // world's (engine/hybrid_groups.hpp); null when there are none.
+  comm_watch(Backend& backend, Comm& comm, Comm& reduce, Comm* replica = nullptr, Comm* world = nullptr)
+      : backend_(backend), comm_(comm), reduce_(reduce), replica_(replica), world_(world) {
     if constexpr (can_watch) handle_ = backend.watch().add([this] {
         comm_.poll_health();
         if (&reduce_ != &comm_) reduce_.poll_health();
+        if (replica_) replica_->poll_health();
+        if (world_) world_->poll_health();
       });
   }
   comm_watch(const comm_watch&) = delete;
@@ -41,6 +45,8 @@ class comm_watch {
     if constexpr (can_abort) {
       comm_.abort(why);
       if (&reduce_ != &comm_) reduce_.abort(why);
+      if (replica_) replica_->abort(why);
+      if (world_) world_->abort(why);
     }
   }
 
@@ -48,6 +54,8 @@ class comm_watch {
   Backend& backend_;
   Comm& comm_;
   Comm& reduce_;
+  Comm* replica_;
+  Comm* world_;
   std::size_t handle_ = 0;
 };
 

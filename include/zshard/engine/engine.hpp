@@ -24,6 +24,7 @@
 #include "zshard/engine/default_policies.hpp"
 #include "zshard/engine/engine_checks.hpp"
 #include "zshard/engine/engine_config.hpp"
+#include "zshard/engine/hybrid_groups.hpp"
 #include "zshard/engine/module_scope.hpp"
 #include "zshard/engine/open_scopes.hpp"
 #include "zshard/engine/rank_agreement.hpp"
@@ -37,6 +38,7 @@
 #include "zshard/optim/loss_scaler.hpp"
 #include "zshard/prefetch/prefetcher.hpp"
 #include "zshard/reduce/reducer.hpp"
+#include "zshard/reduce/replica_sink.hpp"
 #include "zshard/state/param_store.hpp"
 #include "zshard/state/state_access.hpp"
 #include "zshard/trace/trace_sink.hpp"
@@ -57,7 +59,7 @@ class engine {
   static_assert(check_hook_tracker<typename Policies::hook_tracker, Backend, Comm>());
   static_assert(check_offloader<typename Policies::offloader, Backend, Comm>());
   static_assert(check_reducer<typename Policies::reducer, Backend, Comm,
-                              policy_impl_t<typename Policies::offloader, Backend, Comm>>());
+                              reduce::replica_sink<Backend, Comm, policy_impl_t<typename Policies::offloader, Backend, Comm>>>());
 
  public:
   using backend_type = Backend;
@@ -69,6 +71,7 @@ class engine {
   using offloader_type = policy_impl_t<typename Policies::offloader, Backend, Comm>;
   using reducer_type = policy_impl_t<typename Policies::reducer, Backend, Comm>;
   using scope = module_scope<engine>;
+  using sink_type = reduce::replica_sink<Backend, Comm, offloader_type>;
 
   // `compute`: the training stack's compute stream, when it brings its own; the engine's work
   // that the stack's kernels read or write (and gathers and reductions, through events) is
@@ -84,24 +87,34 @@ class engine {
   // `comm` itself (the default above); it must have comm's rank and size, and every rank must
   // make the same choice. Build it with ncclCommSplit or a second communicator of the world.
   // With NCCL, set NCCL_LAUNCH_ORDER_IMPLICIT=1 when two communicators per GPU are in flight.
+  //
+  // With hybrid sharding (engine_config::hybrid) both are the world's communicators: the engine
+  // splits them into shard groups and replica groups at construction (engine/hybrid_groups.hpp)
+  // and comm() / reduce_comm() are then the shard group's.
   engine(Backend& backend, Comm& comm, Comm& reduce_comm, model_spec spec, engine_config cfg,
          std::optional<stream_type> compute = std::nullopt)
       : backend_(backend),
-        comm_(comm),
-        reduce_comm_(checked_reduce_comm(comm, reduce_comm)),
-        watch_(backend, comm_, reduce_comm_),
         spec_(validated(std::move(spec))),
         cfg_(validated(std::move(cfg), comm.rank())),
         trace_(start_trace(backend, cfg_, comm.rank())),
-        layouts_(engine_checks::make_layouts(partitioner_, spec_, cfg_, comm.size())),
+        hybrid_(hybrid_layout::of(cfg_.hybrid, comm.size())),
+        layouts_(engine_checks::make_layouts(partitioner_, spec_, cfg_, hybrid_.group_size)),
+        groups_(backend, comm, checked_reduce_comm(comm, reduce_comm), hybrid_, cfg_.hybrid,
+                schedule_settings(spec_, cfg_, layouts_, comm.size())),
+        comm_(groups_.shard()),
+        reduce_comm_(groups_.reduce_shard()),
+        watch_(backend, comm_, reduce_comm_, groups_.replica(), hybrid_.flat() ? nullptr : &groups_.world()),
         store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap, compute ? &*compute : nullptr),
-        offloader_(store_, comm, cfg_.adamw, cfg_.offload),
+        offloader_(store_, comm_, cfg_.adamw, cfg_.offload),
+        sink_(offloader_, groups_.replica(), store_),
         reducer_(store_, reduce_comm_, cfg_.reduce),
-        residency_(store_, comm, prefetcher_, cfg_.prefetch),
+        residency_(store_, comm_, prefetcher_, cfg_.prefetch),
         agreement_(backend, comm, store_.streams(), spec_),
         scaler_(cfg_.loss_scale),
         lr_(cfg_.adamw.lr) {
-    if constexpr (Backend::holds_storage) agreement_.check_settings(schedule_settings(spec_, cfg_, layouts_, comm_.size()));
+    // (a hybrid engine's ranks checked them over the world before splitting)
+    if constexpr (Backend::holds_storage)
+      if (hybrid_.flat()) agreement_.check_settings(schedule_settings(spec_, cfg_, layouts_, comm_.size()));
     engine_checks::module_sizes(spec_, residency_, cfg_);
     scopes_.reset(spec_.modules().size());
     tracker_.reset(spec_);
@@ -179,8 +192,8 @@ class engine {
     log_swept(swept_before);
     {
       trace_span t(trace_, "reduce", "reduce-scatter (end of backward)");
-      for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
-      reducer_.flush(offloader_);
+      for (param_id p : completed_) reducer_.grad_ready(p, sink_);
+      reducer_.flush(sink_);
     }
     engine_checks::no_full_gradient_left(store_);  // I7, checked by the engine itself
     trace_span t(trace_, "release", "release (end of backward)");
@@ -211,7 +224,7 @@ class engine {
     global_grad_stats g;
     try {
       trace_span t(trace_, "wait", "gradient statistics exchange (waits for every rank)");
-      g = agreement_.at_step(offloader_.local_grad_stats(), fp_);
+      g = agreement_.at_step(counted_grad_stats(), fp_);
     } catch (...) {
       offloader_.discard_grads();
       broken_ = std::current_exception();
@@ -350,9 +363,17 @@ class engine {
     return layouts_[p];
   }
   Backend& backend() noexcept { return backend_; }
+  // The communicator of this rank's shard group (the world's unless hybrid): shards, gathers.
   Comm& comm() noexcept { return comm_; }
   // The communicator of gradient reductions: comm() unless the engine was given another.
   Comm& reduce_comm() noexcept { return reduce_comm_; }
+  // Hybrid sharding: the whole world (settings, schedule and step checks), the replica group
+  // (the all-reduce of gradient shards across shard groups; null when flat) and the layout.
+  Comm& world_comm() noexcept { return groups_.world(); }
+  Comm* replica_comm() noexcept { return groups_.replica(); }
+  const hybrid_layout& hybrid() const noexcept { return hybrid_; }
+  // This rank's shard group (0 .. replicas - 1): its replica index.
+  int replica_index() const noexcept { return hybrid_.group_of(agreement_world_rank()); }
   bool separate_reduce_comm() const noexcept { return &reduce_comm_ != &comm_; }
   const memory_ledger& ledger() const noexcept { return backend_.ledger(); }
   const param_store<Backend>& store() const noexcept { return store_; }
@@ -383,7 +404,7 @@ class engine {
     if constexpr (requires { reducer_.discard(); })
       reducer_.discard();
     else
-      reducer_.flush(offloader_);
+      reducer_.flush(sink_);
     for (param_id p = 0; p < store_.size(); ++p) store_[p].full_grad.reset_on(store_.streams().on(stream_role::compute));
     tracker_.reset(spec_);
     residency_.end_holds();
@@ -407,6 +428,17 @@ class engine {
                    "give reductions a communicator over the same ranks in the same order (ncclCommSplit with one "
                    "colour and key = rank, or a second communicator of the same world)");
     return reduce;
+  }
+
+  int agreement_world_rank() const noexcept { return groups_.world_rank(); }
+
+  // The step's gradient statistics over the world count each shard once: the replicas of a shard
+  // group hold bitwise the same gradient shards, so only replica 0 adds its sum of squares (+0.0
+  // from the others leaves the sum unchanged, bit for bit). An Inf/NaN is reported by every rank.
+  grad_stats counted_grad_stats() {
+    grad_stats g = offloader_.local_grad_stats();
+    if (replica_index() != 0) g.sum_squares = 0.0;
+    return g;
   }
 
   static model_spec validated(model_spec s) {
@@ -554,7 +586,7 @@ class engine {
         completed_.clear();
         tracker_.on_backward_done(m, completed_);
         trace_span t(trace_, "reduce", "reduce-scatter", spec_.module(m).name);
-        for (param_id p : completed_) reducer_.grad_ready(p, offloader_);
+        for (param_id p : completed_) reducer_.grad_ready(p, sink_);
       }
       trace_span t(trace_, "release", "release", spec_.module(m).name);
       residency_.close(m, tracker_.keeps_gathered(m));
@@ -659,17 +691,20 @@ class engine {
   }
 
   Backend& backend_;
-  Comm& comm_;
-  Comm& reduce_comm_;  // comm_ unless a second communicator was given
-  comm_watch<Backend, Comm> watch_;  // the backend's host waits check both communicators
   const int uncaught_at_construction_ = std::uncaught_exceptions();
   const model_spec spec_;
   const engine_config cfg_;
   rank_trace* trace_;  // null unless cfg_.trace: before store_, so it sees every allocation
+  const hybrid_layout hybrid_;  // flat (one shard group: the world) unless cfg_.hybrid says otherwise
   [[no_unique_address]] partitioner_type partitioner_{};
-  std::vector<shard_layout> layouts_;
+  std::vector<shard_layout> layouts_;  // over a shard group
+  hybrid_groups<Backend, Comm> groups_;
+  Comm& comm_;         // the shard group's communicator (the world's when flat)
+  Comm& reduce_comm_;  // comm_ unless a second communicator was given
+  comm_watch<Backend, Comm> watch_;  // the backend's host waits check every communicator
   param_store<Backend> store_;
   offloader_type offloader_;
+  sink_type sink_;  // the Offloader, behind the all-reduce across replica groups when hybrid
   reducer_type reducer_;
   tracker_type tracker_{};
   prefetcher_type prefetcher_{};

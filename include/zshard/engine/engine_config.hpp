@@ -12,6 +12,7 @@
 #include "zshard/offload/offload_config.hpp"
 #include "zshard/optim/adamw.hpp"
 #include "zshard/optim/loss_scaler.hpp"
+#include "zshard/partition/hybrid_config.hpp"
 #include "zshard/partition/partition_config.hpp"
 #include "zshard/prefetch/prefetch_config.hpp"
 #include "zshard/reduce/reduce_config.hpp"
@@ -23,6 +24,9 @@ class trace_sink;  // trace/trace_sink.hpp
 struct engine_config {
   dtype param_dtype = dtype::f32;  // working dtype of parameters that do not name their own
   partition_config partition{};
+  // Hybrid sharding (partition/hybrid_config.hpp): shard within groups of ranks, replicate across
+  // them. The default is plain ZeRO-3 over the whole world.
+  hybrid_config hybrid{};
   prefetch_config prefetch{};
   reduce_config reduce{};
   optim::adamw_config adamw{};
@@ -51,6 +55,8 @@ struct engine_config {
 
   void validate() const {
     ZSHARD_REQUIRE(partition.shard_alignment_numel > 0, error_kind::config, "shard_alignment_numel must be at least 1");
+    ZSHARD_REQUIRE(hybrid.shard_group_size >= 0 && hybrid.ranks_per_node >= 0, error_kind::config,
+                   "hybrid.shard_group_size and hybrid.ranks_per_node must be >= 0 (0: the default)");
     ZSHARD_REQUIRE(prefetch.max_live_numel > 0, error_kind::config, "max_live_numel must be positive");
     ZSHARD_REQUIRE(reduce.reduce_bucket_numel > 0, error_kind::config, "reduce_bucket_numel must be positive");
     ZSHARD_REQUIRE(clip_norm >= 0.0, error_kind::config, "clip_norm must be >= 0 (0 turns clipping off)");

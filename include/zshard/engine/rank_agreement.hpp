@@ -37,6 +37,45 @@ constexpr std::size_t exchange_scratch_bytes(std::size_t words, int world) {
 }
 inline constexpr std::size_t step_exchange_words = 4;  // fingerprint, scope count, sum of squares, overflow
 
+// The exchange under rank_agreement, for callers without an engine's streams (the hybrid
+// layout is checked before its groups exist: engine/hybrid_groups.hpp).
+template <class Backend, class Comm>
+std::vector<std::uint64_t> exchange_words(Backend& backend, Comm& comm, typename Backend::stream& stream,
+                                          comm_stream on, const std::vector<std::uint64_t>& mine,
+                                          const collective_tag& tag) {
+  const std::size_t n = mine.size(), world = static_cast<std::size_t>(comm.size());
+  std::vector<std::uint64_t> all(n * world);
+  buffer<Backend> send(backend, dtype::f32, 2 * n, mem_category::scratch, stream);
+  buffer<Backend> recv(backend, dtype::f32, 2 * n * world, mem_category::scratch, stream);
+  if constexpr (Backend::holds_storage) backend.copy(send.data(), mine.data(), n * 8, stream);
+  tagged::all_gather(comm, send.data(), recv.data(), 2 * n, dtype::f32, on, tag);
+  if constexpr (Backend::holds_storage) {
+    backend.copy(all.data(), recv.data(), all.size() * 8, stream);
+    backend.synchronize(stream);
+  } else {
+    for (std::size_t r = 0; r < world; ++r) std::copy(mine.begin(), mine.end(), all.begin() + std::ptrdiff_t(r * n));
+  }
+  return all;
+}
+
+// Every rank built the same model with the same schedule-shaping settings, or every rank throws
+// naming the first that differs.
+template <class Backend, class Comm>
+void check_settings_on(Backend& backend, Comm& comm, typename Backend::stream& stream, comm_stream on,
+                       const std::vector<setting_value>& settings) {
+  std::vector<std::uint64_t> mine;
+  for (const auto& s : settings) mine.push_back(s.value);
+  const auto all = exchange_words(backend, comm, stream, on, mine, {collective_use::setup});
+  const std::size_t n = mine.size();
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t r = 1; r < std::size_t(comm.size()); ++r)
+      ZSHARD_REQUIRE(all[r * n + i] == all[i], error_kind::config,
+                     std::string("ranks disagree on ") + settings[i].name + ": rank 0 has " + std::to_string(all[i]) +
+                         ", rank " + std::to_string(r) + " has " + std::to_string(all[r * n + i]),
+                     "build the same model_spec and engine_config on every rank (every setting that shapes the "
+                     "schedule of collectives must agree)");
+}
+
 template <class Backend, class Comm>
 class rank_agreement {
  public:
@@ -47,37 +86,15 @@ class rank_agreement {
   // Without storage (phantom) the collective is still issued, for its accounting, and every
   // rank is taken to hold this rank's words.
   std::vector<std::uint64_t> exchange(const std::vector<std::uint64_t>& mine, const collective_tag& tag) {
-    const std::size_t n = mine.size(), world = static_cast<std::size_t>(comm_.size());
-    std::vector<std::uint64_t> all(n * world);
-    auto& compute = streams_.on(stream_role::compute);
     // In the compute stream's order (the training stack's stream when it brought one).
-    buffer<Backend> send(backend_, dtype::f32, 2 * n, mem_category::scratch, compute);
-    buffer<Backend> recv(backend_, dtype::f32, 2 * n * world, mem_category::scratch, compute);
-    if constexpr (Backend::holds_storage) backend_.copy(send.data(), mine.data(), n * 8, compute);
-    tagged::all_gather(comm_, send.data(), recv.data(), 2 * n, dtype::f32, streams_.collective_on(stream_role::compute),
-                       tag);
-    if constexpr (Backend::holds_storage) {
-      backend_.copy(all.data(), recv.data(), all.size() * 8, compute);
-      backend_.synchronize(compute);
-    } else {
-      for (std::size_t r = 0; r < world; ++r) std::copy(mine.begin(), mine.end(), all.begin() + std::ptrdiff_t(r * n));
-    }
-    return all;
+    return exchange_words(backend_, comm_, streams_.on(stream_role::compute), streams_.collective_on(stream_role::compute),
+                          mine, tag);
   }
 
   // Construction: every rank built the same model with the same schedule-shaping settings.
   void check_settings(const std::vector<setting_value>& settings) {
-    std::vector<std::uint64_t> mine;
-    for (const auto& s : settings) mine.push_back(s.value);
-    const auto all = exchange(mine, {collective_use::setup});
-    const std::size_t n = mine.size();
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t r = 1; r < std::size_t(comm_.size()); ++r)
-        ZSHARD_REQUIRE(all[r * n + i] == all[i], error_kind::config,
-                       std::string("ranks disagree on ") + settings[i].name + ": rank 0 has " + std::to_string(all[i]) +
-                           ", rank " + std::to_string(r) + " has " + std::to_string(all[r * n + i]),
-                       "build the same model_spec and engine_config on every rank (every setting that shapes the "
-                       "schedule of collectives must agree)");
+    check_settings_on(backend_, comm_, streams_.on(stream_role::compute), streams_.collective_on(stream_role::compute),
+                      settings);
   }
 
   // step(): the schedule fingerprints agree (else throws, naming the first scope where the

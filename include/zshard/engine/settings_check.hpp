@@ -23,6 +23,9 @@ inline std::vector<setting_value> schedule_settings(const model_spec& spec, cons
       layout_hash = (layout_hash ^ v) * 0x100000001b3ull;
   return {
       {"the world size", std::uint64_t(world)},
+      {"hybrid.shard_group_size (ranks per shard group)",
+       std::uint64_t(cfg.hybrid.shard_group_size == 0 ? world : cfg.hybrid.shard_group_size)},
+      {"hybrid.ranks_per_node", std::uint64_t(cfg.hybrid.ranks_per_node)},
       {"the model (model_spec: names, shapes, dtypes, flags, modules)", spec.fingerprint()},
       {"param_dtype", std::uint64_t(cfg.param_dtype)},
       {"partition.persistence_threshold_numel", cfg.partition.persistence_threshold_numel},

@@ -15,7 +15,9 @@
 //                                peers that is a few hundred MiB; default 512 MiB. Lower it
 //                                with NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS.
 //   communicators                how many NCCL communicators the process creates (zshard's
-//                                engine uses one; a tensor-parallel stack adds its own).
+//                                engine uses one, three under hybrid sharding: the world, the
+//                                shard group and the replica group, which plan_memory adds; a
+//                                tensor-parallel stack adds its own).
 //   pool_granularity_bytes       the stream-ordered pool (cudaMallocAsync) maps physical memory
 //                                in granules of the device's allocation granularity
 //                                (cuMemGetAllocationGranularity, 2 MiB on current GPUs): the

@@ -16,7 +16,9 @@
 // that could be there.
 //
 // The terms, per rank (shard = ceil(numel / world) rounded up to
-// partition.shard_alignment_numel, padded = shard · world, e = bytes of the working dtype):
+// partition.shard_alignment_numel, padded = shard · world, e = bytes of the working dtype; with
+// hybrid sharding (engine_config::hybrid) `world` here is the shard group's size, except in the
+// ranks' exchanges, which span every rank):
 //  - sharded_params   Σ shard·e over all parameters (the whole value for replicated ones).
 //  - optimizer_state  on device (offload::on_device): 3 · 4 · Σ shard of trainable parameters
 //                     (f32 master, m, v); host_adam: 0 here, see the host ledger below.
@@ -46,6 +48,8 @@
 //                     storage stages each shard's initial values as f32 and checks the model
 //                     across ranks ((2 + 2·world)·4); step() all-reduces 3 floats.
 //  - activations      whatever the schedule reports (eng.report_activations).
+//  The plan also counts each rank's bytes sent per step, inside its shard group and across
+//  groups (memory_plan::traffic, plan_result.hpp).
 //  Host ledger (optimizer on the host, offload::host_adam): optimizer_state 3 · 4 · Σ s and
 //  grad_shards 4 · Σ s, s = shard rounded up to the host AdamW's tile granule, plus two
 //  staging halves of host_staging_numel f32 when the backend's memory is a device's.
@@ -55,6 +59,7 @@
 #include "zshard/engine/engine_config.hpp"
 #include "zshard/model/model_spec.hpp"
 #include "zshard/partition/even_partitioner.hpp"
+#include "zshard/partition/hybrid_layout.hpp"
 #include "zshard/plan/plan_result.hpp"
 #include "zshard/plan/plan_walk.hpp"
 #include "zshard/plan/schedule.hpp"
@@ -72,14 +77,19 @@ memory_plan plan_memory(const model_spec& spec, const engine_config& cfg, int wo
   cfg.validate();
   schedule.validate(spec);
   const Partitioner partitioner{};
+  // Hybrid sharding: parameters are laid out over a shard group; the ranks' checks span the world.
+  const int group = hybrid_layout::of(cfg.hybrid, world).group_size;
   std::vector<shard_layout> layouts;
   layouts.reserve(spec.params().size());
   for (param_id p = 0; p < spec.params().size(); ++p) {
     const auto id = param_identity::of(spec, p, cfg.param_dtype);
-    layouts.push_back(partitioner.layout(id, world, cfg.partition));
-    validate_layout(layouts.back(), id, world);
+    layouts.push_back(partitioner.layout(id, group, cfg.partition));
+    validate_layout(layouts.back(), id, group);
   }
-  return detail::plan_walk(spec, cfg, world, std::move(layouts), schedule, opt).run();
+  plan_options o = opt;
+  // Hybrid sharding splits two more communicators (shard group, replica group) off the world.
+  if (group != world && o.overheads.communicators > 0) o.overheads.communicators += 2;
+  return detail::plan_walk(spec, cfg, world, std::move(layouts), schedule, o).run();
 }
 
 // One step program, every step the same.

@@ -5,6 +5,7 @@
 // takes milliseconds. The result is what a real run's ledgers would read, step by step: the
 // run-side counterpart of plan_memory() for the same inputs.
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -25,6 +26,12 @@ struct phantom_result {
   // The offloader's state ledger when it is not the device's (host_adam): its whole-run peaks.
   std::optional<memory_ledger> host;
   std::uint64_t bytes_sent_per_step = 0;  // by rank 0's collectives, ring schedule (null_comm)
+  // The same, by communicator under hybrid sharding (engine_config::hybrid): inside rank 0's shard
+  // group (the whole world's collectives when flat, the step's checks included), across replica
+  // groups, and over the world (the ranks' checks; 0 when flat: they are in the first figure).
+  std::uint64_t shard_group_bytes_per_step = 0;
+  std::uint64_t across_groups_bytes_per_step = 0;
+  std::uint64_t world_bytes_per_step = 0;
   // Forward scopes of the last step that opened with parameters resident beyond those of the
   // open scopes: gathered ahead (or kept) by the Prefetcher.
   std::size_t scopes_with_gathers_ahead = 0;
@@ -103,13 +110,23 @@ phantom_result run_phantom(const model_spec& spec, const engine_config& cfg, int
   engine<phantom_backend, null_comm, Policies> eng(backend, comm, spec, cfg);
   phantom_result r;
   r.after_construction = backend.ledger();
+  const bool hybrid = eng.replica_comm() != nullptr;
+  auto sent_on = [&] {  // shard group, across groups, world
+    return std::array<std::uint64_t, 3>{hybrid ? eng.comm().total_bytes_sent() : comm.total_bytes_sent(),
+                                        hybrid ? eng.replica_comm()->total_bytes_sent() : 0,
+                                        hybrid ? comm.total_bytes_sent() : 0};
+  };
   for (int s = 0; s < steps; ++s) {
     backend.ledger().reset_peaks();
-    const std::uint64_t sent = comm.total_bytes_sent();
+    const auto sent = sent_on();
     const step_program& prog = schedule.cycle[std::size_t(s) % schedule.cycle.size()];
     r.scopes_with_gathers_ahead = 0;
     r.reports.push_back(run_program(eng, prog, detail::ahead_counter{&r.scopes_with_gathers_ahead}));
-    r.bytes_sent_per_step = comm.total_bytes_sent() - sent;
+    const auto now = sent_on();
+    r.shard_group_bytes_per_step = now[0] - sent[0];
+    r.across_groups_bytes_per_step = now[1] - sent[1];
+    r.world_bytes_per_step = now[2] - sent[2];
+    r.bytes_sent_per_step = r.shard_group_bytes_per_step + r.across_groups_bytes_per_step + r.world_bytes_per_step;
     r.steps.push_back(backend.ledger());
   }
   if (&eng.offloader().state_ledger() != &backend.ledger()) r.host = eng.offloader().state_ledger();

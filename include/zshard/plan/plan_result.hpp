@@ -4,6 +4,7 @@
 // device, also the terms a GPU adds that the ledger does not see (plan/device_overheads.hpp).
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "zshard/core/memory_ledger.hpp"
@@ -41,8 +42,21 @@ struct ledger_plan {
   std::size_t at_peak_of(mem_category c) const noexcept { return at_total_peak[static_cast<std::size_t>(c)]; }
 };
 
+// Bytes one rank sends in one optimizer step, by the communicator they travel on (ring
+// schedules, as null_comm counts them: all-gather and reduce-scatter (n - 1) blocks, all-reduce
+// 2 (n - 1) / n of the buffer). Exact when max_live_numel does not stop gathers ahead (then the
+// walk's gathers are the run's; see plan/plan_walk.hpp).
+struct step_traffic {
+  std::uint64_t shard_group = 0;    // gathers, reduce-scatters and replicated all-reduces in the shard group
+  std::uint64_t across_groups = 0;  // hybrid: all-reduces of gradient shards across replica groups
+  std::uint64_t world = 0;          // the ranks' step (and scope) checks, over every rank
+  std::uint64_t total() const noexcept { return shard_group + across_groups + world; }
+};
+
 struct memory_plan {
   int world = 1;
+  int shard_group = 1;  // ranks per shard group (= world unless hybrid)
+  step_traffic traffic;  // the last step walked (the steady state of a one-program schedule)
   ledger_plan device;                  // the backend's ledger
   ledger_plan host;                    // host_adam's ledger (offloaded state); empty with the optimizer on device
   std::size_t max_gathered_numel = 0;  // resident gathered elements at most (the I5 figure)

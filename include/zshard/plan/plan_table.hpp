@@ -72,6 +72,13 @@ inline void print_plan(std::ostream& os, const memory_plan& plan, const memory_l
     os << "  + what the GPU holds beside the ledger (context, NCCL, pool, workspaces): "
        << format_bytes(double(extra)) << "; device total " << format_bytes(double(plan.device_total())) << '\n';
   if (plan.host.total_peak > 0 || measured_host) detail::print_ledger(os, "host", plan.host, measured_host);
+  const step_traffic& t = plan.traffic;
+  os << "sent per rank per step: " << format_bytes(double(t.shard_group)) << " in its shard group of "
+     << plan.shard_group << " rank(s)";
+  if (plan.shard_group != plan.world)
+    os << ", " << format_bytes(double(t.across_groups)) << " across the " << plan.world / plan.shard_group
+       << " replica groups";
+  os << ", " << format_bytes(double(t.world)) << " in the ranks' checks over all " << plan.world << '\n';
 }
 
 }  // namespace zshard::plan

@@ -46,6 +46,7 @@
 #include "zshard/engine/settings_check.hpp"
 #include "zshard/model/model_spec.hpp"
 #include "zshard/optim/adamw_dispatch.hpp"
+#include "zshard/partition/hybrid_layout.hpp"
 #include "zshard/partition/partitioner.hpp"
 #include "zshard/plan/plan_result.hpp"
 #include "zshard/plan/schedule.hpp"
@@ -61,6 +62,7 @@ class plan_walk {
       : spec_(spec),
         cfg_(cfg),
         world_(world),
+        hybrid_(hybrid_layout::of(cfg.hybrid, world)),
         layouts_(std::move(layouts)),
         schedule_(schedule),
         opt_(opt),
@@ -85,6 +87,7 @@ class plan_walk {
   memory_plan run() {
     memory_plan out;
     out.world = world_;
+    out.shard_group = hybrid_.group_size;
     out.overheads = opt_.overheads;
     constant_terms();
     // Walk steps until the Prefetcher's state at a cycle position repeats: from then on the
@@ -103,6 +106,7 @@ class plan_walk {
     out.host = host_plan();
     out.max_gathered_numel = max_gathered_numel_;
     out.steps_simulated = steps_;
+    out.traffic = traffic_;
     return out;
   }
 
@@ -149,6 +153,7 @@ class plan_walk {
 
   void walk_step(int s, std::size_t at) {
     const step_program& prog = schedule_.cycle[at];
+    traffic_ = {};
     mirror_.begin_step(int(at));
     for (std::size_t i = 0; i < prog.events.size(); ++i) {
       here_ = {s, at, i, 0, 0};
@@ -164,6 +169,7 @@ class plan_walk {
     here_ = {s, at, prog.events.size(), 3, 0};
     tracker_.on_step();
     transient(mem_category::scratch, exchange_scratch_bytes(step_exchange_words, world_));  // ranks agree, grad stats
+    traffic_.world += all_gather_bytes(8 * step_exchange_words, world_);
     mirror_.end_step();
     release_unpinned();
     ++steps_;
@@ -188,6 +194,7 @@ class plan_walk {
         break;
       case event_kind::gather_param:
         transient(mem_category::scratch, gather_scratch(e.param));
+        if (sharded(e.param)) traffic_.shard_group += all_gather_bytes(layouts_[e.param].shard_numel * elem(e.param), group());
         break;
       case event_kind::export_params:
         transient(mem_category::scratch, export_scratch_);
@@ -216,6 +223,7 @@ class plan_walk {
   }
   void gather(param_id p) {
     if (!sharded(p) || resident_[p]) return;
+    traffic_.shard_group += all_gather_bytes(layouts_[p].shard_numel * elem(p), group());
     resident_[p] = true;
     resident_list_.push_back(p);
     account(p, +1);
@@ -262,6 +270,7 @@ class plan_walk {
     else
       tracker_.on_forward(m, use_of(k));
     ahead_.clear();
+    if (cfg_.check_every_scope) traffic_.world += all_gather_bytes(8 * 2, world_);
     mirror_.enter(m, use_of(k), ahead_);
     for (param_id p : params(m)) {
       gather(p);
@@ -343,9 +352,14 @@ class plan_walk {
   }
   void reduce_pack(std::size_t begin, std::size_t end, std::size_t numel, std::size_t count) {
     if (count > 1) charge(mem_category::grad_buckets, 4 * numel);
+    // one all-reduce of the pack in the group (a pack of one: the parameter's own), then each
+    // member's across replica groups (reduce/replica_sink.hpp)
+    if (count > 1) traffic_.shard_group += all_reduce_bytes(4 * numel, group());
     for (std::size_t i = begin, packed = 0; i < end && packed < count; ++i) {
       const param_id p = pending_[i];
       if (!packable(p)) continue;
+      if (count > 1 && !hybrid_.flat()) traffic_.across_groups += all_reduce_bytes(4 * layouts_[p].numel, hybrid_.replicas);
+      if (count == 1) reduce_traffic(p);
       here_.what = 1;
       here_.param = p;
       ledger_.release(mem_category::grad_buckets, 4 * layouts_[p].padded_numel);
@@ -381,12 +395,28 @@ class plan_walk {
       here_.param = p;
       if (sharded(p))
         transient(mem_category::scratch, 4 * layouts_[p].shard_numel);  // replicated: all-reduced in place
+      reduce_traffic(p);
       ledger_.release(mem_category::grad_buckets, 4 * layouts_[p].padded_numel);
       full_grad_[p] = false;
     }
     here_.what = what;
     pending_.clear();
     pending_numel_ = 0;
+  }
+
+  // ---- communication (as null_comm counts it) ---------------------------------------------------
+  int group() const noexcept { return hybrid_.group_size; }
+  static std::uint64_t all_gather_bytes(std::size_t block, int n) { return std::uint64_t(block) * std::uint64_t(n - 1); }
+  static std::uint64_t all_reduce_bytes(std::size_t bytes, int n) {
+    return n > 1 ? 2 * std::uint64_t(bytes) * std::uint64_t(n - 1) / std::uint64_t(n) : 0;
+  }
+  // The Reducer's reduce-scatter (all-reduce when replicated) in the group, then the all-reduce
+  // of the result across replica groups (reduce/replica_sink.hpp).
+  void reduce_traffic(param_id p) {
+    const auto& l = layouts_[p];
+    const std::size_t out = 4 * (l.replicated ? l.numel : l.shard_numel);
+    traffic_.shard_group += l.replicated ? all_reduce_bytes(out, group()) : all_gather_bytes(out, group());
+    if (!hybrid_.flat()) traffic_.across_groups += all_reduce_bytes(out, hybrid_.replicas);
   }
 
   // ---- the ledger ----------------------------------------------------------------------------
@@ -466,6 +496,7 @@ class plan_walk {
   const model_spec& spec_;
   const engine_config& cfg_;
   const int world_;
+  const hybrid_layout hybrid_;
   const std::vector<shard_layout> layouts_;
   const training_schedule& schedule_;
   const plan_options opt_;
@@ -485,6 +516,7 @@ class plan_walk {
   std::vector<int> backward_open_;  // open backward scopes per module (nested ones are refused)
   memory_ledger ledger_{"device (plan)"};
   where here_{}, peak_at_{};
+  step_traffic traffic_{};
   std::size_t peak_seen_ = 0;
   int steps_ = 0;
 };
