@@ -260,9 +260,12 @@ TEST_CASE("update counts: damaged or mismatched counts are refused, naming the m
   CHECK(e.find("format version 2 without \"update_counts\"") != std::string::npos);
   e = damaged([](nlohmann::json& j) { j["version"] = 3; });
   CHECK(e.find("format version 3, this zshard reads 1 to 2") != std::string::npos);
-  // the good manifest still loads, exactly
+  // the good manifest still loads, exactly; a chunk too small for one element is refused first
   write_manifest(dir.path(), good);
   on_skip_ranks<zshard::default_policies>(2, options(), [&](auto& eng, const skip_model&) {
+    CHECK_THROWS_WITH_AS(ck::load(eng, dir.path(), {.chunk_bytes = 16}),
+                         doctest::Contains("chunk_bytes of 16 is too small"), zshard::error);
+    CHECK(eng.steps_taken() == 0);
     CHECK(ck::load(eng, dir.path()).update_counts_restored);
     CHECK(eng.update_counts() == std::vector<std::int64_t>{3, 1, 0, 0});
     return false;

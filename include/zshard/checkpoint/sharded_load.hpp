@@ -14,8 +14,9 @@
 // counters and update counts restored. A file corrupt inside its tensor data is thus found with
 // the engine partly loaded (the error says so; a later successful load overwrites everything);
 // load_options::verify_before_loading verifies every file before anything changes instead, at
-// the price of a second read. Memory: one chunk (load_options::chunk_bytes) per rank, counted
-// in a ledger (host_staging.hpp).
+// the price of a second read. Memory: at most one chunk (load_options::chunk_bytes) per rank,
+// counted in a ledger (host_staging.hpp), allocated only when a piece needs staging (a dtype
+// conversion, device memory); plus a read-only mapped window of the file (verified_reads.hpp).
 //
 // A checkpoint of format version 1 has no per-parameter update counts: every parameter's AdamW
 // count continues from the run's step, and the load says so in the log (engine_config::log).
@@ -69,7 +70,9 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
   manifest m;
   std::map<int, std::unique_ptr<safetensors_file>> files;
   std::vector<const manifest_param*> by_param(eng.spec().params().size(), nullptr);
-  std::unique_ptr<host_staging<typename Engine::backend_type>> chunk;
+  // Allocated at the first piece that needs it (a dtype conversion, device memory): a load
+  // into host memory of the same dtypes reads straight into the engine and allocates nothing.
+  lazy_host_staging<typename Engine::backend_type> chunk(eng.backend(), o.chunk_bytes);
 
   agree(eng, what, [&] {
     out.path = resolve_checkpoint(path);
@@ -87,7 +90,9 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         r.scaler.skipped_steps < 0 || r.scaler.overflows_at_min_scale < 0 || r.scaler.good_steps_in_row < 0)
       throw error(error_kind::io, "'" + mpath + "' holds invalid run counters (step, learning rate or loss scale)",
                   "the manifest is damaged; load an earlier checkpoint");
-    chunk = std::make_unique<host_staging<typename Engine::backend_type>>(eng.backend(), o.chunk_bytes);
+    ZSHARD_REQUIRE(o.chunk_bytes >= 128, error_kind::config,
+                   "load_options::chunk_bytes of " + std::to_string(o.chunk_bytes) + " is too small",
+                   "use a chunk of at least a few KiB (e.g. 64 MiB)");
     auto open = [&](int q) -> safetensors_file& {
       auto& f = files[q];
       if (!f) {
@@ -134,9 +139,7 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         throw error(error_kind::io, "'" + upath + "' does not match the size or checksum in the manifest",
                     "restore the file, or load an earlier checkpoint");
     }
-    chunk.reset();  // allocated again below, after the agreement's small buffers: the peak is the chunk alone
   });
-  chunk = std::make_unique<host_staging<typename Engine::backend_type>>(eng.backend(), o.chunk_bytes);
 
   // Everything but the tensor data is checked: now load, verifying in the same pass.
   const std::string partly = "failed after validation, the engine is partly loaded: ";
@@ -175,7 +178,7 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         auto it = pieces.find(q);
         if (it == pieces.end() && !mine) continue;
         read_pieces(*f, it == pieces.end() ? std::vector<load_piece>{} : std::move(it->second),
-                    mine ? &m.files[static_cast<std::size_t>(q)] : nullptr, *chunk);
+                    mine ? &m.files[static_cast<std::size_t>(q)] : nullptr, chunk);
       }
       chunk.reset();  // before the agreement's small buffers: the peak stays the chunk alone
     } catch (const error& e) {
