@@ -30,7 +30,8 @@ full_state make_checkpoint(const std::string& dir) {
 
 // Loads `path` into a trained engine at world `world`; returns the error every rank saw (they
 // must agree) and checks the engine is untouched.
-std::string failed_load(const std::string& path, int world = 2, const toy::config& mc = {}) {
+std::string failed_load(const std::string& path, int world = 2, const toy::config& mc = {},
+                        const ck::load_options& lo = {}) {
   std::mutex mu;
   std::vector<std::string> errors;
   on_ranks(
@@ -40,12 +41,12 @@ std::string failed_load(const std::string& path, int world = 2, const toy::confi
         const full_state before = gather_all(eng);
         std::string what;
         try {
-          ck::load(eng, path);
+          ck::load(eng, path, lo);
         } catch (const zshard::error& e) {
           what = e.what();
         }
         CHECK(same_bits(before, gather_all(eng)));  // untouched
-        train_steps(eng, id, mc, 1, 1);              // and still usable
+        train_steps(eng, id, mc, 1, 1);             // and still usable
         std::lock_guard lock(mu);
         errors.push_back(what);
         return 0;
@@ -71,22 +72,70 @@ TEST_CASE("a truncated rank file is refused, naming it; the engine is untouched"
   CHECK((e.find("truncated") != std::string::npos));
 }
 
-TEST_CASE("a flipped byte fails the checksum, naming the file") {
+namespace {
+void flip_byte(const std::string& f, std::streamoff from_end) {
+  std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
+  char c;
+  s.seekg(-from_end, std::ios::end);
+  s.get(c);
+  s.seekp(-from_end, std::ios::end);
+  s.put(char(c ^ 0x10));
+}
+}  // namespace
+
+TEST_CASE("a flipped byte fails the checksum, naming the file; verify_before_loading leaves the engine untouched") {
   temp_dir dir;
   make_checkpoint(dir.path());
-  const std::string f = only_checkpoint(dir.path()) + "/rank-00002.safetensors";
-  {
-    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
-    s.seekp(-3, std::ios::end);
-    char c;
-    s.seekg(-3, std::ios::end);
-    s.get(c);
-    s.seekp(-3, std::ios::end);
-    s.put(char(c ^ 0x10));
-  }
-  const std::string e = failed_load(dir.path(), 4);
+  flip_byte(only_checkpoint(dir.path()) + "/rank-00002.safetensors", 3);
+  const std::string e = failed_load(dir.path(), 4, {}, {.verify_before_loading = true});
   CHECK(e.find("rank-00002.safetensors") != std::string::npos);
   CHECK(e.find("fails its checksum") != std::string::npos);
+  CHECK(e.find("partly loaded") == std::string::npos);
+}
+
+TEST_CASE("a flipped byte found while loading (the default, one pass): every rank fails alike, a good load recovers") {
+  temp_dir dir;
+  const full_state saved = make_checkpoint(dir.path());
+  const std::string c = only_checkpoint(dir.path());
+  // bytes of tensor data: the last and a middle one of files that their verifier reads alone
+  // (world 3, unchanged layout), and one that rank 2 of 4 verifies while ranks 0-2 load pieces
+  // of the file (resharded)
+  for (auto [file, from_end, world] : {std::tuple{"rank-00001.safetensors", std::streamoff(5), 3},
+                                       {"rank-00000.safetensors", std::streamoff(0), 3},
+                                       {"rank-00002.safetensors", std::streamoff(3), 4}}) {
+    INFO(file << " byte " << from_end << " at world " << world);
+    const std::string f = c + "/" + file;
+    const std::string copy = dir / "copy";
+    fs::copy_file(f, copy, fs::copy_options::overwrite_existing);
+    const std::uint64_t data_bytes = fs::file_size(f) - 8 - ck::safetensors_file(f).header_text().size();
+    flip_byte(f, from_end > 0 ? from_end : std::streamoff(data_bytes / 2 + 1));
+    std::mutex mu;
+    std::vector<std::string> errors;
+    const full_state recovered = on_ranks(world, engine_options(), [&](auto& eng, const toy::ids&) {
+      std::string what;
+      try {
+        ck::load(eng, dir.path());
+      } catch (const zshard::error& e) {
+        what = e.what();
+      }
+      {
+        std::lock_guard lock(mu);
+        errors.push_back(what);
+      }
+      eng.comm().barrier();
+      if (eng.comm().rank() == 0) fs::copy_file(copy, f, fs::copy_options::overwrite_existing);
+      eng.comm().barrier();
+      CHECK(ck::load(eng, dir.path()).step == 2);
+      return gather_all(eng);
+    });
+    REQUIRE(errors.size() == std::size_t(world));
+    for (const auto& e : errors) CHECK(e == errors[0]);
+    CHECK(errors[0].find(file) != std::string::npos);
+    CHECK(errors[0].find("fails its checksum") != std::string::npos);
+    CHECK(errors[0].find("partly loaded") != std::string::npos);
+    CHECK(errors[0].find("verify_before_loading") != std::string::npos);
+    CHECK(same_bits(saved, recovered));
+  }
 }
 
 TEST_CASE("a manifest of another model lists every difference at once") {
@@ -150,7 +199,8 @@ TEST_CASE("a write failure in the middle of a save (full disk) fails it everywhe
     const int rank = eng.comm().rank();
     o.hook = [rank](const std::string& path, std::uint64_t offset, std::size_t) {
       if (rank == 1 && offset > 600)
-        throw zshard::error(zshard::error_kind::io, "write failed on '" + path + "': No space left on device (injected)");
+        throw zshard::error(zshard::error_kind::io,
+                            "write failed on '" + path + "': No space left on device (injected)");
     };
     std::string what;
     try {

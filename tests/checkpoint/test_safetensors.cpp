@@ -54,7 +54,8 @@ TEST_CASE("crc32c: check value, table and hardware agree with the bitwise defini
   CHECK(ck::crc32c_of(check.data(), check.size()) == 0xE3069283u);
   CHECK(ck::crc32c_of(nullptr, 0) == 0u);
   std::mt19937_64 rng(7);
-  for (std::size_t n : {1u, 7u, 8u, 9u, 63u, 4096u, 100003u}) {
+  // around the hardware path's rounds of three 8 KiB chains (crc32c.hpp) too
+  for (std::size_t n : {1u, 7u, 8u, 9u, 63u, 4096u, 3u * 8192u - 1u, 3u * 8192u, 3u * 8192u + 5u, 100003u, 1048579u}) {
     std::vector<unsigned char> v(n);
     for (auto& b : v) b = static_cast<unsigned char>(rng());
     const std::uint32_t want = crc32c_bitwise(v.data(), n);
@@ -63,6 +64,18 @@ TEST_CASE("crc32c: check value, table and hardware agree with the bitwise defini
     ck::crc32c pieces;  // in uneven pieces
     for (std::size_t at = 0; at < n; at += 13) pieces.update(v.data() + at, std::min<std::size_t>(13, n - at));
     CHECK(pieces.value() == want);
+    ck::crc32c rounds;  // in pieces of several rounds and a tail
+    for (std::size_t at = 0; at < n; at += 30001) rounds.update(v.data() + at, std::min<std::size_t>(30001, n - at));
+    CHECK(rounds.value() == want);
+    std::vector<unsigned char> copy(n + 1, 0xAB);  // hashed from the loads that copy (load's verified reads)
+    ck::crc32c copied;
+    copied.update_copy(copy.data(), v.data(), n);
+    CHECK(copied.value() == want);
+    CHECK(std::memcmp(copy.data(), v.data(), n) == 0);
+    CHECK(copy[n] == 0xAB);
+    ck::crc32c copied_table(ck::crc32c_impl::table);
+    copied_table.update_copy(copy.data(), v.data(), n);
+    CHECK(copied_table.value() == want);
   }
 }
 
@@ -132,8 +145,9 @@ TEST_CASE("safetensors: every malformed header is refused, naming the file and t
       {raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,12]}})", data), "shape and dtype need 8"},
       {raw_file(R"({"a":{"dtype":"F32","shape":[8],"data_offsets":[0,32]}})", data), "truncated"},
       {raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", data), "begin > end"},
-      {raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                data),
+      {raw_file(
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+           data),
        "overlap"},
       {raw_file(R"({"__metadata__":{"x":1}})", data), "not a string"},
   };
@@ -145,7 +159,11 @@ TEST_CASE("safetensors: every malformed header is refused, naming the file and t
     CHECK(e.find(p) != std::string::npos);
   }
   // and a good one passes
-  write_raw(p, raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]}})", data));
+  write_raw(
+      p,
+      raw_file(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]}})",
+          data));
   CHECK(error_of(p).empty());
 }
 
@@ -160,7 +178,8 @@ TEST_CASE("safetensors index: tensors found across files; an index that disagree
     w2.write(v + 2, 8);
     w2.finish();
   }
-  ck::write_small_file(dir / "m.index.json", R"({"metadata":{},"weight_map":{"x":"m-1.safetensors","y":"m-2.safetensors"}})");
+  ck::write_small_file(dir / "m.index.json",
+                       R"({"metadata":{},"weight_map":{"x":"m-1.safetensors","y":"m-2.safetensors"}})");
   ck::safetensors_source src(dir / "m.index.json");
   CHECK(src.file_count() == 2);
   auto y = src.find("y");
@@ -170,7 +189,8 @@ TEST_CASE("safetensors index: tensors found across files; an index that disagree
   CHECK(got[1] == 4.f);
   CHECK(!src.find("z").tensor);
   ck::write_small_file(dir / "bad.index.json", R"({"weight_map":{"x":"m-2.safetensors"}})");
-  CHECK_THROWS_WITH_AS(ck::safetensors_source(dir / "bad.index.json"), doctest::Contains("does not hold it"), zshard::error);
+  CHECK_THROWS_WITH_AS(ck::safetensors_source(dir / "bad.index.json"), doctest::Contains("does not hold it"),
+                       zshard::error);
   CHECK_THROWS_WITH_AS(ck::safetensors_source(dir / "missing.safetensors"), doctest::Contains("missing.safetensors"),
                        zshard::error);
 }

@@ -5,7 +5,7 @@
 // From an engine (export_engine, collective): rank 0 writes the header and sizes the file;
 // then every rank writes the elements it owns straight to their offsets (pwrite), through one
 // chunk — no gathers, no rank holds more than its shards and the chunk. Ranks meet through
-// marker files (rendezvous.hpp), so a slow disk does not trip the communicator's timeout; rank
+// marker files (rank_writes.hpp), so a slow disk does not trip the communicator's timeout; rank
 // 0 then fsyncs and renames the file into place. The file appears complete or not at all.
 //
 // From a checkpoint (export_checkpoint, one process, no engine: tools/zshard_export): tensor
@@ -22,10 +22,11 @@
 #include "zshard/checkpoint/chunked_copy.hpp"
 #include "zshard/checkpoint/host_staging.hpp"
 #include "zshard/checkpoint/manifest.hpp"
-#include "zshard/checkpoint/rendezvous.hpp"
+#include "zshard/checkpoint/rank_writes.hpp"
 #include "zshard/checkpoint/safetensors_reader.hpp"
 #include "zshard/checkpoint/safetensors_writer.hpp"
 #include "zshard/checkpoint/sharded_load.hpp"
+#include "zshard/checkpoint/verified_reads.hpp"
 
 namespace zshard::checkpoint {
 
@@ -75,45 +76,31 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
     f.truncate(end);
     f.close();
   });
-  {
-    bool ok = true;
-    std::string text = "ok";
-    try {
-      host_staging chunk(eng.backend(), o.chunk_bytes);
-      file_handle f(data, O_WRONLY);
-      for (param_id p = 0; writes && p < m.params.size(); ++p) {
-        const auto& mp = m.params[p];
-        const auto [b, e] = mp.replicated ? (shard_rank == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, mp.numel}
-                                                       : std::pair<std::uint64_t, std::uint64_t>{0, 0})
-                                          : held_range(eng, p);
-        const state_field fld = mp.trainable ? o.source : state_field::working;
-        const dtype from = fld == state_field::working ? mp.type : dtype::f32;
-        const std::uint64_t base = header.size() + offsets[p] + b * size_of(o.type);
-        chunked_copy(
-            chunk.bytes_at(0), chunk.bytes(), e - b, from, o.type,
-            [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, fld, first, dst, k); },
-            [&](std::uint64_t first, std::size_t k, const void* src) {
-              f.write_at(base + first * size_of(o.type), src, k * size_of(o.type), o.hook);
-            });
-      }
-      f.sync();
-      f.close();
-    } catch (const error& e) {
-      ok = false;
-      text = encode_error(e);
-    } catch (const std::exception& e) {
-      ok = false;
-      text = encode_error(error(error_kind::io, e.what()));
-    }
-    try {
-      post_outcome(markers, rank, ok, text);
-    } catch (...) {
-      // the others time out naming this rank
-    }
-  }
-  const auto outcomes = await_outcomes(markers, world, o.io_timeout, what);
-  for (int q = 0; q < world; ++q)
-    if (!outcomes[static_cast<std::size_t>(q)].ok) throw decode_error(outcomes[static_cast<std::size_t>(q)].text, q, what);
+  write_and_meet(
+      markers, rank, world, o.io_timeout, what,
+      [&] {
+        host_staging chunk(eng.backend(), o.chunk_bytes);
+        file_handle f(data, O_WRONLY);
+        for (param_id p = 0; writes && p < m.params.size(); ++p) {
+          const auto& mp = m.params[p];
+          const auto [b, e] = mp.replicated ? (shard_rank == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, mp.numel}
+                                                         : std::pair<std::uint64_t, std::uint64_t>{0, 0})
+                                            : held_range(eng, p);
+          const state_field fld = mp.trainable ? o.source : state_field::working;
+          const dtype from = fld == state_field::working ? mp.type : dtype::f32;
+          const std::uint64_t base = header.size() + offsets[p] + b * size_of(o.type);
+          chunked_copy(
+              chunk.bytes_at(0), chunk.bytes(), e - b, from, o.type,
+              [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, fld, first, dst, k); },
+              [&](std::uint64_t first, std::size_t k, const void* src) {
+                f.write_at(base + first * size_of(o.type), src, k * size_of(o.type), o.hook);
+              });
+        }
+        f.sync();
+        f.close();
+        return std::string("ok");
+      },
+      [] {});
   agree(eng, what, [&] {
     if (rank != 0) return;
     rename_path(data, out);
@@ -136,15 +123,11 @@ inline void export_checkpoint(const std::string& checkpoint, const std::string& 
   for (int q = 0; q < m.world_size; ++q) {
     const auto& mf = m.files[static_cast<std::size_t>(q)];
     files.push_back(std::make_unique<safetensors_file>(dir + "/" + mf.name));
-    struct view {
-      buffer<offload::host_memory>& b;
-      void* data() const { return b.data(); }
-      std::size_t bytes() const { return b.bytes(); }
-    } v{chunk};
     if (files.back()->size() != mf.bytes)
       throw error(error_kind::io, "'" + files.back()->path() + "' has " + std::to_string(files.back()->size()) +
-                                      " bytes, the manifest says " + std::to_string(mf.bytes) + " (truncated or replaced)");
-    verify_file(*files.back(), mf, v);
+                                      " bytes, the manifest says " + std::to_string(mf.bytes) +
+                                      " (truncated or replaced)");
+    verify_file(*files.back(), mf);
   }
   const std::string tmp = out + ".zshard-export.tmp";
   {

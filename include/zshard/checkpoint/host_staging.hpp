@@ -19,8 +19,9 @@ template <class Backend>
 class host_staging {
   static constexpr bool direct = offload::memory_is_host<Backend>();
   static constexpr bool pinned = !direct && offload::has_pinned_memory<Backend>;
-  using resource = std::conditional_t<direct, Backend,
-                                      std::conditional_t<pinned, offload::host_resource_t<Backend>, offload::host_memory>>;
+  using resource =
+      std::conditional_t<direct, Backend,
+                         std::conditional_t<pinned, offload::host_resource_t<Backend>, offload::host_memory>>;
 
  public:
   host_staging(Backend& backend, std::size_t bytes) {
@@ -46,6 +47,26 @@ class host_staging {
   std::unique_ptr<offload::host_memory> own_;  // declared before buf_: outlives it
   buffer<resource> buf_;
   const memory_ledger* ledger_ = nullptr;
+};
+
+// The same chunk, allocated at its first use (data() or bytes()) and freed by reset(): for
+// operations that may not need it at all.
+template <class Backend>
+class lazy_host_staging {
+ public:
+  lazy_host_staging(Backend& backend, std::size_t bytes) : backend_(backend), bytes_(bytes) {}
+  void* data() { return get().data(); }
+  std::size_t bytes() { return get().bytes(); }
+  void reset() noexcept { chunk_.reset(); }
+
+ private:
+  host_staging<Backend>& get() {
+    if (!chunk_) chunk_ = std::make_unique<host_staging<Backend>>(backend_, bytes_);
+    return *chunk_;
+  }
+  Backend& backend_;
+  std::size_t bytes_;
+  std::unique_ptr<host_staging<Backend>> chunk_;
 };
 
 }  // namespace zshard::checkpoint

@@ -10,9 +10,18 @@
 // parameters, "<name>:master", "<name>:m", "<name>:v" in F32 — each a 1-d tensor. Any rank
 // count can read them back (resharding): element g of a parameter lives in the file of the
 // rank that owned g.
+//
+// Format versions (docs/checkpoint_format.md):
+//   1  no per-parameter update counts: a load continues every parameter's AdamW count from the
+//      run's step, and says so in the log (exact only if no parameter ever skipped a step).
+//   2  "update_counts": each parameter's own AdamW update count, in "params" order (a parameter
+//      without a gradient in a step is not updated, so its count lags the step); every count
+//      is an integer in [0, run.step]. Counts are per parameter, not per rank: any world size
+//      loads them (resharding).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -26,7 +35,8 @@
 namespace zshard::checkpoint {
 
 inline constexpr const char* manifest_format = "zshard-checkpoint";
-inline constexpr int manifest_version = 1;
+inline constexpr int manifest_version = 2;         // written
+inline constexpr int manifest_oldest_version = 1;  // still read
 
 struct manifest_param {
   std::string name;
@@ -38,7 +48,8 @@ struct manifest_param {
 
   // The elements rank q's file holds: [first, second).
   std::pair<std::uint64_t, std::uint64_t> stored_range(int q) const noexcept {
-    if (replicated) return q == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, numel} : std::pair<std::uint64_t, std::uint64_t>{0, 0};
+    if (replicated)
+      return q == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, numel} : std::pair<std::uint64_t, std::uint64_t>{0, 0};
     const std::uint64_t b = std::min(numel, static_cast<std::uint64_t>(q) * shard_numel);
     return {b, std::min(numel, b + shard_numel)};
   }
@@ -50,7 +61,9 @@ struct manifest_file {
   std::uint32_t crc32c = 0;
 };
 
-inline std::string field_tensor(const std::string& param, state_field f) { return param + ":" + std::string(to_string(f)); }
+inline std::string field_tensor(const std::string& param, state_field f) {
+  return param + ":" + std::string(to_string(f));
+}
 inline std::string rank_file_name(int q) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "rank-%05d.safetensors", q);
@@ -71,6 +84,9 @@ struct manifest {
   std::vector<manifest_param> params;
   std::vector<manifest_file> files;  // index: the rank that wrote it
   std::optional<manifest_file> user_state;
+  // params[i]'s AdamW update count (version 2); none in a version 1 manifest.
+  std::optional<std::vector<std::int64_t>> update_counts;
+  int version = manifest_version;
 
   std::string to_json() const {
     nlohmann::ordered_json j;
@@ -99,7 +115,33 @@ struct manifest {
     auto& fs = j["files"] = nlohmann::ordered_json::array();
     for (const auto& f : files) fs.push_back(file_json(f));
     if (user_state) j["user_state"] = file_json(*user_state);
+    if (update_counts) j["update_counts"] = *update_counts;
     return j.dump(1);
+  }
+
+  // "update_counts": one integer per parameter, each in [0, run.step] (a parameter is updated
+  // at most once per step).
+  template <class Bad>
+  static std::vector<std::int64_t> parse_update_counts(const nlohmann::json& j, const manifest& m, Bad&& bad) {
+    if (!j.contains("update_counts")) throw bad("format version 2 without \"update_counts\"");
+    const auto& a = j.at("update_counts");
+    if (!a.is_array()) throw bad("\"update_counts\" is not an array");
+    if (a.size() != m.params.size())
+      throw bad("\"update_counts\" has " + std::to_string(a.size()) + " entries for " +
+                std::to_string(m.params.size()) + " parameters");
+    std::vector<std::int64_t> out;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const std::string who = "update count of parameter '" + m.params[i].name + "'";
+      if (!a[i].is_number_integer()) throw bad(who + " is not an integer: " + a[i].dump());
+      const auto c = a[i].is_number_unsigned() &&
+                             a[i].get<std::uint64_t>() > std::uint64_t(std::numeric_limits<std::int64_t>::max())
+                         ? std::int64_t{-1}
+                         : a[i].get<std::int64_t>();
+      if (c < 0 || c > m.run.step)
+        throw bad(who + " is " + a[i].dump() + ", outside [0, " + std::to_string(m.run.step) + "] (the run's step)");
+      out.push_back(c);
+    }
+    return out;
   }
 
   // Parses and checks every field's presence and type; `path` names the file in errors.
@@ -112,14 +154,16 @@ struct manifest {
     json j = json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
     try {
-      if (j.at("format").get<std::string>() != manifest_format) throw bad("format is not " + std::string(manifest_format));
+      if (j.at("format").get<std::string>() != manifest_format)
+        throw bad("format is not " + std::string(manifest_format));
       const int version = j.at("version").get<int>();
-      if (version != manifest_version)
+      if (version < manifest_oldest_version || version > manifest_version)
         throw error(error_kind::io,
                     "'" + path + "' has checkpoint format version " + std::to_string(version) + ", this zshard reads " +
-                        std::to_string(manifest_version),
+                        std::to_string(manifest_oldest_version) + " to " + std::to_string(manifest_version),
                     "load it with the zshard version that wrote it and export it, or retrain");
       manifest m;
+      m.version = version;
       m.world_size = j.at("world_size").get<int>();
       if (m.world_size < 1) throw bad("world_size < 1");
       const json& r = j.at("run");
@@ -157,6 +201,7 @@ struct manifest {
       for (int q = 0; q < m.world_size; ++q)
         if (m.files[static_cast<std::size_t>(q)].name != rank_file_name(q)) throw bad("rank file names out of order");
       if (j.contains("user_state")) m.user_state = file_of(j.at("user_state"));
+      if (version >= 2) m.update_counts = parse_update_counts(j, m, bad);
       return m;
     } catch (const json::exception& e) {
       throw bad(e.what());

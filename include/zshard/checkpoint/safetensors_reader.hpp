@@ -55,6 +55,7 @@ class safetensors_file {
   }
   // Raw bytes (checksums over a whole file).
   void read_bytes(std::uint64_t offset, void* dst, std::size_t n) const { file_.read_at(offset, dst, n); }
+  int fd() const noexcept { return file_.fd(); }  // the open file (mappings of it)
 
  private:
   file_handle file_;
@@ -120,7 +121,8 @@ class safetensors_source {
       if (expected && std::find(expected->begin(), expected->end(), t.name) == expected->end()) continue;
       auto [it, fresh] = where_.emplace(t.name, located{&f, &t});
       if (!fresh)
-        throw error(error_kind::io, "tensor '" + t.name + "' is in both '" + it->second.file->path() + "' and '" + path + "'",
+        throw error(error_kind::io,
+                    "tensor '" + t.name + "' is in both '" + it->second.file->path() + "' and '" + path + "'",
                     "fix the index so that each tensor lives in one file");
     }
     if (expected)

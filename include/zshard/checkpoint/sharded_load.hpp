@@ -3,15 +3,23 @@
 // and layout (resharding: element g of a parameter is read from the file of the rank that
 // owned g at save time, whatever this rank owns now).
 //
-// Validate everything, then change anything: each rank checks the manifest against its engine
-// (every missing, unexpected or mismatched parameter, in one error), opens every file it will
-// read (header, size, tensors, shapes and dtypes), and verifies the CRC32C of its share of
-// the files (file q on rank q mod world: every file once, in parallel); one collective makes
-// all ranks fail with the same error, naming the file, or all proceed. Only then are the
-// shards, optimizer state and run counters written. Memory: one chunk (load_options::
-// chunk_bytes) per rank, counted in a ledger (host_staging.hpp).
-#include <sys/mman.h>
-
+// Validate, then change: each rank checks the manifest against its engine (every missing,
+// unexpected or mismatched parameter, in one error; the run counters and per-parameter update
+// counts), opens every file it will read (header, size, tensors, shapes and dtypes) and checks
+// the user's state; one collective makes all ranks fail with the same error, naming the file,
+// or all proceed. Then the shards and optimizer state are read, and each file's CRC32C is
+// verified in the same pass (verified_reads.hpp; file q by rank q mod world, which is the rank
+// that reads all of it when the layout is unchanged: every file once, in parallel); a second
+// collective makes every rank fail alike if a file is corrupt, and only then are the run
+// counters and update counts restored. A file corrupt inside its tensor data is thus found with
+// the engine partly loaded (the error says so; a later successful load overwrites everything);
+// load_options::verify_before_loading verifies every file before anything changes instead, at
+// the price of a second read. Memory: at most one chunk (load_options::chunk_bytes) per rank,
+// counted in a ledger (host_staging.hpp), allocated only when a piece needs staging (a dtype
+// conversion, device memory); plus a read-only mapped window of the file (verified_reads.hpp).
+//
+// A checkpoint of format version 1 has no per-parameter update counts: every parameter's AdamW
+// count continues from the run's step, and the load says so in the log (engine_config::log).
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -25,12 +33,16 @@
 #include "zshard/checkpoint/manifest.hpp"
 #include "zshard/checkpoint/safetensors_reader.hpp"
 #include "zshard/checkpoint/sharded_save.hpp"
+#include "zshard/checkpoint/verified_reads.hpp"
 
 namespace zshard::checkpoint {
 
 struct load_options {
   std::size_t chunk_bytes = std::size_t{64} << 20;  // host memory each rank moves data through
-  bool verify_checksums = true;                     // CRC32C of every file before anything is loaded
+  bool verify_checksums = true;                     // CRC32C of every file, in the same pass as the load
+  // true: verify every file in a pass of its own before anything is loaded, so that a corrupt
+  // file leaves the engine untouched (costs a second read of every file)
+  bool verify_before_loading = false;
 };
 
 struct loaded_checkpoint {
@@ -38,6 +50,8 @@ struct loaded_checkpoint {
   std::int64_t step = 0;
   int saved_world_size = 0;
   std::string user_state;  // what save_options::user_state held on rank 0
+  // false: a format 1 checkpoint without per-parameter update counts (each continued from `step`)
+  bool update_counts_restored = false;
 };
 
 // The elements of parameter p this rank holds in the engine: [first, second) (its own shard,
@@ -48,45 +62,19 @@ std::pair<std::uint64_t, std::uint64_t> held_range(Engine& eng, param_id p) {
   return {l.owned_begin(eng.comm().rank()), l.owned_end(eng.comm().rank())};
 }
 
-// Checks CRC32C of a whole file. Through a read-only mapping (no copy: the checksum reads the
-// page cache, so verifying costs about one pass over memory instead of a copy and a pass; the
-// pages are clean file cache, not allocations), or through the chunk where mapping fails.
-template <class Staging>
-void verify_file(const safetensors_file& f, const manifest_file& want, Staging& chunk) {
-  crc32c crc;
-  bool mapped = false;
-  if (f.size() > 0) {
-    file_handle h = file_handle::read_only(f.path());
-    void* m = ::mmap(nullptr, f.size(), PROT_READ, MAP_PRIVATE | MAP_POPULATE, h.fd(), 0);
-    if (m != MAP_FAILED) {
-      ::madvise(m, f.size(), MADV_SEQUENTIAL);
-      crc.update(m, f.size());
-      ::munmap(m, f.size());
-      mapped = true;
-    }
-  }
-  for (std::uint64_t at = 0; !mapped && at < f.size();) {
-    const auto k = static_cast<std::size_t>(std::min<std::uint64_t>(chunk.bytes(), f.size() - at));
-    f.read_bytes(at, chunk.data(), k);
-    crc.update(chunk.data(), k);
-    at += k;
-  }
-  if (crc.value() != want.crc32c) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, " (CRC32C %08x, the manifest says %08x)", crc.value(), want.crc32c);
-    throw error(error_kind::io, "'" + f.path() + "' fails its checksum" + std::string(buf) + ": the file is corrupt",
-                "restore the file from a copy, or load an earlier checkpoint");
-  }
-}
-
 template <class Engine>
 loaded_checkpoint load(Engine& eng, const std::string& path, const load_options& o = {}) {
+  // Files are checked (and messages said) by the job's ranks, every replica of a hybrid layout
+  // included; what a rank reads into its engine depends on its shard group only.
+  const int rank = job_comm(eng).rank(), world = job_comm(eng).size();
   const std::string what = "checkpoint load from '" + path + "'";
   loaded_checkpoint out;
   manifest m;
   std::map<int, std::unique_ptr<safetensors_file>> files;
   std::vector<const manifest_param*> by_param(eng.spec().params().size(), nullptr);
-  std::unique_ptr<host_staging<typename Engine::backend_type>> chunk;
+  // Allocated at the first piece that needs it (a dtype conversion, device memory): a load
+  // into host memory of the same dtypes reads straight into the engine and allocates nothing.
+  lazy_host_staging<typename Engine::backend_type> chunk(eng.backend(), o.chunk_bytes);
 
   agree(eng, what, [&] {
     out.path = resolve_checkpoint(path);
@@ -94,7 +82,8 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
     m = manifest::parse(read_small_file(mpath), mpath);
     const auto diff = compare_models(m, eng.spec(), eng.config().param_dtype);
     if (!diff.empty()) {
-      std::string msg = "'" + mpath + "' is a checkpoint of another model (" + std::to_string(diff.size()) + " difference(s)):";
+      std::string msg =
+          "'" + mpath + "' is a checkpoint of another model (" + std::to_string(diff.size()) + " difference(s)):";
       for (const auto& d : diff) msg += "\n  " + d;
       throw error(error_kind::config, msg, "load a checkpoint of this model, or build the model the checkpoint holds");
     }
@@ -103,22 +92,26 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         r.scaler.skipped_steps < 0 || r.scaler.overflows_at_min_scale < 0 || r.scaler.good_steps_in_row < 0)
       throw error(error_kind::io, "'" + mpath + "' holds invalid run counters (step, learning rate or loss scale)",
                   "the manifest is damaged; load an earlier checkpoint");
-    chunk = std::make_unique<host_staging<typename Engine::backend_type>>(eng.backend(), o.chunk_bytes);
+    ZSHARD_REQUIRE(o.chunk_bytes >= 128, error_kind::config,
+                   "load_options::chunk_bytes of " + std::to_string(o.chunk_bytes) + " is too small",
+                   "use a chunk of at least a few KiB (e.g. 64 MiB)");
     auto open = [&](int q) -> safetensors_file& {
       auto& f = files[q];
       if (!f) {
         const auto& mf = m.files[static_cast<std::size_t>(q)];
         f = std::make_unique<safetensors_file>(out.path + "/" + mf.name);
         if (f->size() != mf.bytes)
-          throw error(error_kind::io, "'" + f->path() + "' has " + std::to_string(f->size()) + " bytes, the manifest says " +
-                                          std::to_string(mf.bytes) + " (truncated or replaced)",
+          throw error(error_kind::io,
+                      "'" + f->path() + "' has " + std::to_string(f->size()) + " bytes, the manifest says " +
+                          std::to_string(mf.bytes) + " (truncated or replaced)",
                       "restore the file, or load an earlier checkpoint");
       }
       return *f;
     };
     for (param_id p = 0; p < by_param.size(); ++p) {
       const auto& name = eng.spec().params()[p].name;
-      const manifest_param* mp = &*std::find_if(m.params.begin(), m.params.end(), [&](auto& x) { return x.name == name; });
+      const manifest_param* mp =
+          &*std::find_if(m.params.begin(), m.params.end(), [&](auto& x) { return x.name == name; });
       by_param[p] = mp;
       const auto [b, e] = held_range(eng, p);
       for (int q = 0; q < m.world_size; ++q) {
@@ -129,14 +122,17 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
           const tensor_entry* t = f.find(field_tensor(name, fld));
           const file_dtype want = fld == state_field::working ? file_dtype_of(mp->type) : file_dtype::f32;
           if (!t || t->type != want || t->numel() != se - sb)
-            throw error(error_kind::io, "'" + f.path() + "' lacks tensor '" + field_tensor(name, fld) + "' of " +
-                                            std::to_string(se - sb) + " " + safetensors_name(want) + " elements",
+            throw error(error_kind::io,
+                        "'" + f.path() + "' lacks tensor '" + field_tensor(name, fld) + "' of " +
+                            std::to_string(se - sb) + " " + safetensors_name(want) + " elements",
                         "the rank file does not belong to this manifest; load an earlier checkpoint");
         }
       }
     }
-    if (o.verify_checksums)
-      for (int q = job_comm(eng).rank(); q < m.world_size; q += job_comm(eng).size()) verify_file(open(q), m.files[static_cast<std::size_t>(q)], *chunk);
+    if (o.verify_checksums && o.verify_before_loading)
+      for (int q = rank; q < m.world_size; q += world) verify_file(open(q), m.files[static_cast<std::size_t>(q)]);
+    if (o.verify_checksums && !o.verify_before_loading)
+      for (int q = rank; q < m.world_size; q += world) open(q);  // read below, all of it, to verify it
     if (m.user_state) {
       const std::string upath = out.path + "/" + m.user_state->name;
       out.user_state = read_small_file(upath, std::size_t{1} << 30);
@@ -145,40 +141,75 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         throw error(error_kind::io, "'" + upath + "' does not match the size or checksum in the manifest",
                     "restore the file, or load an earlier checkpoint");
     }
-    chunk.reset();  // allocated again below, after the agreement's small buffers: the peak is the chunk alone
   });
-  chunk = std::make_unique<host_staging<typename Engine::backend_type>>(eng.backend(), o.chunk_bytes);
 
-  // Everything is checked: now change the engine.
-  try {
-    for (param_id p = 0; p < by_param.size(); ++p) {
-      const manifest_param& mp = *by_param[p];
-      const auto [b, e] = held_range(eng, p);
-      for (int q = 0; q < m.world_size; ++q) {
-        const auto [sb, se] = mp.stored_range(q);
-        const std::uint64_t lo = std::max(b, sb), hi = std::min(e, se);
-        if (lo >= hi) continue;
-        const safetensors_file& f = *files.at(q);
-        for (state_field fld : saved_fields(mp.trainable)) {
-          const tensor_entry& t = *f.find(field_tensor(mp.name, fld));
-          const dtype from = fld == state_field::working ? mp.type : dtype::f32;
-          const dtype to = fld == state_field::working ? eng.store()[p].type : dtype::f32;
-          // host memory of the same dtype: read the file straight into the engine, no staging copy
-          auto* direct = from == to ? static_cast<char*>(eng.shard_host_data(p, fld)) : nullptr;
-          if (direct)
-            f.read(t, lo - sb, hi - lo, direct + (lo - b) * size_of(to));
-          else
-            chunked_copy(
-                chunk->bytes_at(0), chunk->bytes(), hi - lo, from, to,
-                [&](std::uint64_t first, std::size_t k, void* dst) { f.read(t, lo - sb + first, k, dst); },
-                [&](std::uint64_t first, std::size_t k, const void* src) { eng.write_shard(p, fld, lo - b + first, src, k); });
+  // Everything but the tensor data is checked: now load, verifying in the same pass.
+  const std::string partly = "failed after validation, the engine is partly loaded: ";
+  agree(eng, what, [&] {
+    try {
+      std::map<int, std::vector<load_piece>> pieces;
+      for (param_id p = 0; p < by_param.size(); ++p) {
+        const manifest_param& mp = *by_param[p];
+        const auto [b, e] = held_range(eng, p);
+        for (int q = 0; q < m.world_size; ++q) {
+          const auto [sb, se] = mp.stored_range(q);
+          const std::uint64_t lo = std::max(b, sb), hi = std::min(e, se);
+          if (lo >= hi) continue;
+          for (state_field fld : saved_fields(mp.trainable)) {
+            const tensor_entry& t = *files.at(q)->find(field_tensor(mp.name, fld));
+            load_piece pc;
+            pc.from = fld == state_field::working ? mp.type : dtype::f32;
+            pc.to = fld == state_field::working ? eng.store()[p].type : dtype::f32;
+            pc.offset = t.begin + (lo - sb) * size_of(pc.from);
+            pc.numel = hi - lo;
+            // host memory of the same dtype: the file is read straight into the engine, no staging copy
+            if (pc.from == pc.to)
+              if (auto* direct = static_cast<char*>(eng.shard_host_data(p, fld)))
+                pc.direct = direct + (lo - b) * size_of(pc.to);
+            if (!pc.direct)
+              pc.write = [&eng, p, fld, at = lo - b](std::uint64_t first, std::size_t k, const void* src) {
+                eng.write_shard(p, fld, at + first, src, k);
+              };
+            pieces[q].push_back(std::move(pc));
+          }
         }
       }
+      const bool verify_now = o.verify_checksums && !o.verify_before_loading;
+      for (auto& [q, f] : files) {
+        const bool mine = verify_now && q % world == rank;
+        auto it = pieces.find(q);
+        if (it == pieces.end() && !mine) continue;
+        read_pieces(*f, it == pieces.end() ? std::vector<load_piece>{} : std::move(it->second),
+                    mine ? &m.files[static_cast<std::size_t>(q)] : nullptr, chunk);
+      }
+      chunk.reset();  // before the agreement's small buffers: the peak stays the chunk alone
+    } catch (const error& e) {
+      chunk.reset();
+      throw error(e.kind(), partly + e.message(),  // agree() names the load and the rank
+                  e.hint() + (e.hint().empty() ? "" : "; ") +
+                      "a load that succeeds overwrites every field (load_options::verify_before_loading "
+                      "keeps the engine untouched by a corrupt file)");
     }
+  });
+  try {
     eng.restore_run_counters(m.run);
+    if (m.update_counts) {
+      std::vector<std::int64_t> counts(by_param.size());
+      for (param_id p = 0; p < by_param.size(); ++p)
+        counts[p] = (*m.update_counts)[static_cast<std::size_t>(by_param[p] - m.params.data())];
+      eng.restore_update_counts(counts);
+      out.update_counts_restored = true;
+    } else if (rank == 0) {
+      eng.config().say("checkpoint '" + out.path + "' (format version " + std::to_string(m.version) +
+                       ") has no per-parameter update counts: every parameter's AdamW bias correction continues "
+                       "from the run's step " +
+                       std::to_string(m.run.step) +
+                       ", exact only if every parameter had a gradient in every step before the save; "
+                       "a save from this engine writes format " +
+                       std::to_string(manifest_version));
+    }
   } catch (const error& e) {
-    throw error(e.kind(), what + ": failed after validation, the engine is partly loaded: " + e.message(),
-                "load again, or rebuild the engine");
+    throw error(e.kind(), what + ": " + partly + e.message(), "load again, or rebuild the engine");
   }
   out.step = m.run.step;
   out.saved_world_size = m.world_size;

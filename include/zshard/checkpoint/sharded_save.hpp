@@ -7,9 +7,10 @@
 //  2. Every rank streams its own state into rank-0000r.safetensors (manifest.hpp): parameter
 //     by parameter through one chunk of save_options::chunk_bytes, CRC32C on the way, fsync.
 //     With offload::host_adam the optimizer state is written from host memory directly.
-//  3. Ranks meet through marker files, not a collective (rendezvous.hpp): a slow disk cannot
+//  3. Ranks meet through marker files, not a collective (rank_writes.hpp): a slow disk cannot
 //     trip the communicator's timeout. Any rank's failure fails the save on every rank.
-//  4. Rank 0 writes the user's state and manifest.json (sizes and CRC32C of every file), fsyncs
+//  4. Rank 0 writes the user's state and manifest.json (sizes and CRC32C of every file, rank 0's
+//     per-parameter update counts: it holds elements of every parameter), fsyncs
 //     them and the directory, renames it into place, switches `latest` (checkpoint_dir.hpp)
 //     and removes checkpoints beyond keep_last; a last small collective reports the outcome.
 // A failure or crash anywhere leaves the previous checkpoint and `latest` as they were. The
@@ -24,21 +25,21 @@
 #include "zshard/checkpoint/chunked_copy.hpp"
 #include "zshard/checkpoint/host_staging.hpp"
 #include "zshard/checkpoint/manifest.hpp"
-#include "zshard/checkpoint/rendezvous.hpp"
+#include "zshard/checkpoint/rank_writes.hpp"
 #include "zshard/checkpoint/safetensors_writer.hpp"
 
 namespace zshard::checkpoint {
 
 struct save_options {
-  std::size_t keep_last = 0;        // complete checkpoints to keep in DIR (0: all)
-  std::string user_state;           // the training stack's own bytes (data position, ...); rank 0's is saved
-  std::size_t chunk_bytes = std::size_t{64} << 20;  // host memory each rank moves data through
+  std::size_t keep_last = 0;  // complete checkpoints to keep in DIR (0: all)
+  std::string user_state;     // the training stack's own bytes (data position, ...); rank 0's is saved
+  std::size_t chunk_bytes = std::size_t{64} << 20;                  // host memory each rank moves data through
   std::chrono::milliseconds io_timeout = std::chrono::minutes(30);  // how long ranks wait for the slowest writer
-  write_hook hook{};                // tests: inject a full disk or a slow disk
+  write_hook hook{};                                                // tests: inject a full disk or a slow disk
 };
 
 struct saved_checkpoint {
-  std::string path;          // DIR/step-...
+  std::string path;  // DIR/step-...
   std::int64_t step = 0;
   std::uint64_t rank_bytes = 0;  // this rank's file
 };
@@ -49,6 +50,9 @@ manifest describe_engine(Engine& eng) {
   manifest m;
   m.world_size = eng.comm().size();
   m.run = eng.run_counters();
+  // Rank 0's counts (it holds elements of every parameter); an Offloader without counts: the step.
+  m.update_counts = eng.update_counts();
+  if (m.update_counts->empty()) m.update_counts->assign(eng.spec().params().size(), m.run.step);
   for (param_id p = 0; p < eng.spec().params().size(); ++p) {
     const auto& ps = eng.spec().params()[p];
     const auto& l = eng.layout(p);
@@ -80,7 +84,8 @@ written_file write_rank_file(Engine& eng, const manifest& m, int rank, const std
     const auto [b, e] = p.stored_range(rank);
     if (e == b) continue;
     for (state_field f : saved_fields(p.trainable))
-      plan.push_back({field_tensor(p.name, f), f == state_field::working ? file_dtype_of(p.type) : file_dtype::f32,
+      plan.push_back({field_tensor(p.name, f),
+                      f == state_field::working ? file_dtype_of(p.type) : file_dtype::f32,
                       {static_cast<std::int64_t>(e - b)}});
   }
   safetensors_writer w(path, std::move(plan),
@@ -132,47 +137,32 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
   const std::string markers = dir + "/." + name + ".markers.tmp";
 
   // 2. every rank writes its file; 3. meet through markers
-  {
-    bool ok = true;
-    std::string text;
-    const std::string path = tmp + "/" + rank_file_name(file_rank);
-    try {
-      if (writes) {
+  const std::string path = tmp + "/" + rank_file_name(file_rank);
+  const std::vector<std::string> reports = write_and_meet(
+      markers, rank, world, o.io_timeout, what,
+      [&]() -> std::string {
+        if (!writes) return "";  // a replica other than 0 under hybrid sharding: replica 0 writes
         host_staging chunk(eng.backend(), o.chunk_bytes);
         const written_file wf = write_rank_file(eng, m, file_rank, path, chunk, o.hook);
-        text = std::to_string(wf.bytes) + " " + std::to_string(wf.crc);
-      }
-    } catch (const error& e) {
-      ok = false;
-      text = encode_error(e);
-    } catch (const std::exception& e) {
-      ok = false;
-      text = encode_error(error(error_kind::io, e.what()));
-    }
-    if (!ok && writes) {
-      std::error_code ec;
-      std::filesystem::remove(path, ec);  // free the space a full disk needs for the marker
-    }
-    try {
-      post_outcome(markers, rank, ok, text);
-    } catch (...) {
-      // the others time out naming this rank
-    }
-  }
-  const auto outcomes = await_outcomes(markers, world, o.io_timeout, what);
-  for (int q = 0; q < world; ++q)
-    if (!outcomes[static_cast<std::size_t>(q)].ok) throw decode_error(outcomes[static_cast<std::size_t>(q)].text, q, what);
+        return std::to_string(wf.bytes) + " " + std::to_string(wf.crc);
+      },
+      [&] {
+        if (!writes) return;
+        std::error_code ec;
+        std::filesystem::remove(path, ec);  // free the space a full disk needs for the marker
+      });
 
   // 4. rank 0 commits
   agree(eng, what, [&] {
     if (rank != 0) return;
     for (int q = 0; q < files; ++q) {  // replica 0's ranks are the job's ranks 0 .. files - 1
-      const std::string& t = outcomes[static_cast<std::size_t>(q)].text;
+      const std::string& t = reports[static_cast<std::size_t>(q)];
       const auto space = t.find(' ');
       m.files.push_back({rank_file_name(q), std::stoull(t.substr(0, space)),
                          static_cast<std::uint32_t>(std::stoul(t.substr(space + 1)))});
     }
-    m.user_state = manifest_file{user_state_file, o.user_state.size(), crc32c_of(o.user_state.data(), o.user_state.size())};
+    m.user_state =
+        manifest_file{user_state_file, o.user_state.size(), crc32c_of(o.user_state.data(), o.user_state.size())};
     write_small_file(tmp + "/" + user_state_file, o.user_state, o.hook);
     write_small_file(tmp + "/" + manifest_file_name, m.to_json(), o.hook);
     sync_directory(tmp);

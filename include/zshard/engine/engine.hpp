@@ -15,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -353,7 +354,32 @@ class engine {
     scaler_ = scaler;
     lr_ = s.lr;
     step_ = s.step;
+    // Without per-parameter counts (restore_update_counts), every parameter continues from the step.
     if constexpr (requires { offloader_.set_update_counts(s.step); }) offloader_.set_update_counts(s.step);
+  }
+  // Each parameter's own AdamW update count, by param_id (a parameter without a gradient in a
+  // step is not updated and its count lags the engine's step). Per rank; a rank holding no
+  // element of a parameter may lag on it, rank 0 holds elements of every one (checkpoints save
+  // rank 0's). Empty when the Offloader keeps no counts.
+  std::vector<std::int64_t> update_counts() const {
+    if constexpr (requires { offloader_.update_counts(); })
+      return offloader_.update_counts();
+    else
+      return {};
+  }
+  // After restore_run_counters: every count in [0, steps_taken()], one per parameter; validated
+  // before anything changes.
+  void restore_update_counts(const std::vector<std::int64_t>& counts) {
+    check_between_steps("restore_update_counts");
+    ZSHARD_REQUIRE(counts.size() == spec_.params().size(), error_kind::config,
+                   std::to_string(counts.size()) + " update counts for a model of " +
+                       std::to_string(spec_.params().size()) + " parameters");
+    for (std::size_t p = 0; p < counts.size(); ++p)
+      ZSHARD_REQUIRE(counts[p] >= 0 && counts[p] <= step_, error_kind::config,
+                     "update count " + std::to_string(counts[p]) + " of '" + spec_.params()[p].name +
+                         "' is outside [0, " + std::to_string(step_) + "] (the engine's step)");
+    if constexpr (requires { offloader_.set_update_counts(std::span<const std::int64_t>(counts)); })
+      offloader_.set_update_counts(std::span<const std::int64_t>(counts));
   }
 
   const model_spec& spec() const noexcept { return spec_; }

@@ -4,6 +4,7 @@
 // accumulates over micro-batches. The update runs on the backend's AdamW kernel, which writes
 // the working (f32/bf16/f16) shard in the same pass.
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "zshard/comm/communicator.hpp"
@@ -99,10 +100,21 @@ class on_device_impl {
     }
   }
 
-  // A restored run (a checkpoint records the engine's step count): every parameter's own update
-  // count, its AdamW bias correction, continues from `steps`. Exact when every parameter had a
-  // gradient in every step before the save; a parameter that skipped steps resumes at the
-  // engine's count (per-parameter counts are not in the checkpoint format yet).
+  // Each parameter's own update count (its AdamW bias correction), by param_id: a parameter
+  // skipped in a step (no gradient) lags the engine's step. Checkpoints save and restore them
+  // (checkpoint/manifest.hpp); set_update_counts(steps) is the fallback for a checkpoint that
+  // has none: every parameter continues from the engine's count.
+  std::vector<std::int64_t> update_counts() const {
+    std::vector<std::int64_t> out;
+    out.reserve(state_.size());
+    for (const auto& st : state_) out.push_back(st.steps);
+    return out;
+  }
+  void set_update_counts(std::span<const std::int64_t> counts) {
+    ZSHARD_REQUIRE(counts.size() == state_.size(), error_kind::usage,
+                   std::to_string(counts.size()) + " update counts for " + std::to_string(state_.size()) + " parameters");
+    for (std::size_t p = 0; p < counts.size(); ++p) state_[p].steps = counts[p];
+  }
   void set_update_counts(std::int64_t steps) {
     for (auto& st : state_) st.steps = steps;
   }

@@ -7,7 +7,8 @@
 //   working  the working copy the model computes with, in the parameter's dtype (every parameter)
 //   master   the f32 master copy          } trainable parameters only, held by the Offloader
 //   m, v     AdamW's first/second moments } (device or host memory, whichever it uses)
-// and per engine the run counters (optimizer step, learning rate, loss-scaler state).
+// and per engine the run counters (optimizer step, learning rate, loss-scaler state) and each
+// parameter's own AdamW update count (engine::update_counts / restore_update_counts).
 //
 // An Offloader that supports state access provides, for its f32 fields (host pointers, element
 // offsets within p's shard; it orders the copies itself and returns when they are complete):
