@@ -309,3 +309,33 @@ TEST_CASE("no-sync: step() with gradients held is refused; a module the last mic
     CHECK(testing::memory_bound_violations(eng).empty());  // the bound knows no-sync holds full gradients
   });
 }
+
+namespace {
+// An Offloader that does not say it applies parameter groups (as a user's own might not).
+template <class Backend, class Comm>
+struct no_groups_impl : offload::on_device_impl<Backend, Comm> {
+  using offload::on_device_impl<Backend, Comm>::on_device_impl;
+  static constexpr bool applies_param_groups = false;
+};
+struct no_groups {
+  using zshard_tag = offloader_tag;
+  template <class Backend, class Comm>
+  using impl = no_groups_impl<Backend, Comm>;
+};
+struct no_groups_policies : default_policies {
+  using offloader = no_groups;
+};
+}  // namespace
+
+TEST_CASE("parameter groups with an Offloader that does not apply them are refused, not ignored") {
+  toy::ids id;
+  const auto spec = toy::make_spec({}, id);
+  run_ranks(1, [&](thread_comm& comm) {
+    host_backend backend;
+    engine_config cfg;
+    engine<host_backend, thread_comm, no_groups_policies> plain(backend, comm, spec, cfg);  // no groups: fine
+    cfg.param_groups = {{.name = "e", .params = {"E"}, .lr = 1e-3f}};
+    CHECK(message_of([&] { engine<host_backend, thread_comm, no_groups_policies> eng(backend, comm, spec, cfg); })
+              .find("does not apply parameter groups") != std::string::npos);
+  });
+}

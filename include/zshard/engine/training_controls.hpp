@@ -24,6 +24,8 @@
 
 #include "zshard/core/error.hpp"
 #include "zshard/engine/engine_checks.hpp"
+#include "zshard/engine/engine_config.hpp"
+#include "zshard/engine/grad_norm.hpp"
 #include "zshard/engine/grad_sync.hpp"
 #include "zshard/engine/schedule_fingerprint.hpp"
 #include "zshard/model/model_spec.hpp"
@@ -51,6 +53,17 @@ class training_controls {
  public:
   // A Prefetcher that records until a boundary grows with every scope: said once, at this many.
   static constexpr std::int64_t warn_scopes = std::int64_t(1) << 22;
+
+  // At construction: what the configuration asks of the Offloader, it has.
+  static void check_supported(const engine_config& cfg) {
+    using O = typename Engine::offloader_type;
+    check_norm_type_supported<O>(cfg.clip_norm_type);
+    if constexpr (!offloader_with_param_groups<O>)
+      ZSHARD_REQUIRE(cfg.param_groups.empty(), error_kind::config,
+                     "this engine's Offloader does not apply parameter groups (engine_config::param_groups)",
+                     "leave param_groups empty, or apply update_args::groups in the Offloader's update() and declare "
+                     "`static constexpr bool applies_param_groups = true;`");
+  }
 
   static void end_pass(Engine& e) {
     e.rethrow_if_unusable();

@@ -73,6 +73,7 @@ class host_adam_impl {
   using own_memory_type = std::conditional_t<has_pinned_memory<Backend>, no_memory, host_memory>;
 
  public:
+  static constexpr bool applies_param_groups = true;  // update_args::groups
   host_adam_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper,
                  const offload_config& oc)
       : store_(store),

@@ -52,6 +52,11 @@ struct update_args {
 //                                       m = v = 0, update count 0)
 //   read_grad(p, float* host)           p's accumulated gradient shard (shard_numel f32) into
 //                                       host memory, complete on return (zeros when none arrived)
+// An Offloader applies update_args::groups (per-group learning rate and weight decay) when it
+// says so (`static constexpr bool applies_param_groups = true;`); the engine refuses
+// engine_config::param_groups otherwise, rather than train every group at the default rate.
+template <class O>
+concept offloader_with_param_groups = requires { requires O::applies_param_groups; };
 template <class O>
 concept offloader_with_trainability = requires(O& o, param_id p) { o.set_trainable(p, true); };
 template <class O>

@@ -20,6 +20,7 @@ namespace zshard::offload {
 template <class Backend, class Comm>
 class on_device_impl {
  public:
+  static constexpr bool applies_param_groups = true;  // update_args::groups
   // offload_config tunes the host Offloader only: nothing of it applies on the device.
   on_device_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper, const offload_config&)
       : store_(store), comm_(comm), hyper_(hyper) {
