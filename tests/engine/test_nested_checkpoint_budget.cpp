@@ -285,7 +285,8 @@ plan::step_program nested_program(const nested_model& nm) {
   plan::program_builder b("nested checkpointing");
   for (int k = 0; k < blocks; ++k) {
     b.open(nm.outer[k], scope_kind::forward);
-    for (int j = 0; j < inner_layers; ++j) b.open(nm.inner[k][j], scope_kind::forward).close(nm.inner[k][j], scope_kind::forward);
+    for (int j = 0; j < inner_layers; ++j)
+      b.open(nm.inner[k][j], scope_kind::forward).close(nm.inner[k][j], scope_kind::forward);
     b.close(nm.outer[k], scope_kind::forward);
   }
   b.begin_backward();

@@ -6,8 +6,9 @@
 // collective's tag where the communicator takes tags (comm/communicator.hpp), so two ranks
 // that diverged are caught at their next collective or, at the latest, before the update.
 //
-// The scopes of the current step (or forward-only pass: end_pass() is its boundary) are kept (module and use, 4 bytes each) so that, when the
-// values differ, the ranks can find the first scope where they diverged and name it.
+// The scopes of the current step (or forward-only pass: end_pass() is its boundary) are kept
+// (module and use, 4 bytes each) so that, when the values differ, the ranks can find the first
+// scope where they diverged and name it.
 #include <cstdint>
 #include <vector>
 
