@@ -211,3 +211,22 @@ TEST_CASE("state access: bad calls fail on every rank alike, none hangs") {
     CHECK(eng.gather_param(id.E).size() == eng.spec().param(id.E).numel());
   });
 }
+
+TEST_CASE("state access under hybrid sharding: a rank of any shard group writes, every group takes the value") {
+  toy::ids id;
+  const auto spec = toy::make_spec({}, id);
+  const std::size_t n = spec.param(id.W[0]).numel();
+  std::vector<float> W(n);
+  for (std::size_t i = 0; i < n; ++i) W[i] = 0.01f * float(int(i % 11) - 5);
+  run_ranks(4, [&](thread_comm& comm) {
+    host_backend backend;
+    engine_config cfg;
+    cfg.hybrid.shard_group_size = 2;  // two shard groups of two ranks, replicated across them
+    engine<host_backend, thread_comm> eng(backend, comm, spec, cfg);
+    const bool writer = comm.rank() == 3;  // a world rank in the second group
+    eng.write_param(id.W[0], writer ? std::span<const float>(W) : std::span<const float>{}, 3);
+    CHECK(eng.gather_param(id.W[0]) == W);
+    CHECK(eng.gather_optimizer_state(id.W[0], state_field::master) == W);
+    CHECK(message_of([&] { eng.write_param(id.W[0], {}, 4); }).find("not in a world of 4") != std::string::npos);
+  });
+}
