@@ -242,7 +242,9 @@ class call_counter {
   void on_step() {
     ZSHARD_REQUIRE(phase_ == step_phase::forward, error_kind::usage, "step() inside backward");
   }
-  bool keeps_gathered(module_id m) const { return recomputed_[m]; }
+  // A recomputed module stays gathered for its backward, but yields to max_live_numel.
+  bool keeps_gathered(module_id) const { return false; }
+  bool prefers_gathered(module_id m) const { return recomputed_[m]; }
   step_phase phase() const { return phase_; }
   std::int64_t pending_uses(module_id m) const { return pending_[m]; }
 

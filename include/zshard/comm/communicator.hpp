@@ -217,6 +217,8 @@ enum class collective_use : std::uint8_t {
   setup,         // construction: model and settings
   gather_param,  // engine::gather_param
   discard,       // engine::discard_gradients
+  arguments,     // a collective call's arguments, compared across ranks (set_trainable, write_param, ...)
+  param_state,   // a parameter's full value, gradient or optimizer state (engine/full_state.hpp)
 };
 
 constexpr std::string_view to_string(collective_use u) noexcept {
@@ -230,6 +232,8 @@ constexpr std::string_view to_string(collective_use u) noexcept {
     case collective_use::setup: return "setup";
     case collective_use::gather_param: return "gather_param";
     case collective_use::discard: return "discard";
+    case collective_use::arguments: return "arguments";
+    case collective_use::param_state: return "param_state";
   }
   return "?";
 }
@@ -289,6 +293,13 @@ void all_reduce(Comm& c, const void* src, void* dst, std::size_t n, dtype t, red
     c.all_reduce(src, dst, n, t, op, s, tag);
   else
     c.all_reduce(src, dst, n, t, op, s);
+}
+template <class Comm>
+void broadcast(Comm& c, void* data, std::size_t n, dtype t, int root, comm_stream s, const collective_tag& tag) {
+  if constexpr (tags_collectives<Comm>)
+    c.broadcast(data, n, t, root, s, tag);
+  else
+    c.broadcast(data, n, t, root, s);
 }
 }  // namespace tagged
 

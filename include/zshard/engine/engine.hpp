@@ -6,6 +6,8 @@
 //     forward(m) per module, begin_backward(), [recompute(m)] + backward(m) per module in
 //     reverse, end_backward()
 //   step()
+// and for a forward-only pass (inference, generation, a frozen reference model):
+//   forward(m, use_kind::no_grad) per module, end_pass()
 //
 // The engine owns the sequencing and the checks that bind the policies together; each policy
 // owns one decision (layout, what to keep gathered, when to reduce, where the optimizer runs,
@@ -25,14 +27,18 @@
 #include "zshard/engine/default_policies.hpp"
 #include "zshard/engine/engine_checks.hpp"
 #include "zshard/engine/engine_config.hpp"
+#include "zshard/engine/full_state.hpp"
+#include "zshard/engine/grad_norm.hpp"
 #include "zshard/engine/hybrid_groups.hpp"
 #include "zshard/engine/module_scope.hpp"
 #include "zshard/engine/open_scopes.hpp"
 #include "zshard/engine/rank_agreement.hpp"
 #include "zshard/engine/schedule_fingerprint.hpp"
 #include "zshard/engine/settings_check.hpp"
+#include "zshard/engine/shard_state.hpp"
 #include "zshard/engine/residency.hpp"
 #include "zshard/engine/step_report.hpp"
+#include "zshard/engine/training_controls.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/offloader.hpp"
 #include "zshard/optim/grad_clip.hpp"
@@ -112,7 +118,8 @@ class engine {
         residency_(store_, comm_, prefetcher_, cfg_.prefetch),
         agreement_(backend, comm, store_.streams(), spec_),
         scaler_(cfg_.loss_scale),
-        lr_(cfg_.adamw.lr) {
+        ctl_(spec_, cfg_.param_groups, cfg_.adamw) {
+    controls::check_supported(cfg_);
     // (a hybrid engine's ranks checked them over the world before splitting)
     if constexpr (Backend::holds_storage)
       if (hybrid_.flat()) agreement_.check_settings(schedule_settings(spec_, cfg_, layouts_, comm_.size()));
@@ -193,10 +200,11 @@ class engine {
     log_swept(swept_before);
     {
       trace_span t(trace_, "reduce", "reduce-scatter (end of backward)");
-      for (param_id p : completed_) reducer_.grad_ready(p, sink_);
+      for (param_id p : completed_) ctl_.sync.complete(p, reduce_);
+      ctl_.sync.end_backward(reduce_);  // gradients held by no-sync micro-batches, when sync is on again
       reducer_.flush(sink_);
     }
-    engine_checks::no_full_gradient_left(store_);  // I7, checked by the engine itself
+    engine_checks::no_full_gradient_left(store_, [&](param_id p) { return ctl_.sync.held(p); });  // I7
     trace_span t(trace_, "release", "release (end of backward)");
     residency_.end_holds();  // I3: holds end here
     check(residency_.resident_by_scan() == store_.resident_numel(),
@@ -213,7 +221,11 @@ class engine {
     ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage, "step() with module scopes still open");
     tracker_.on_step();
     ZSHARD_REQUIRE(micro_batches_ > 0, error_kind::usage, "step() without a backward since the last step",
-                   "run at least one forward/begin_backward/backward/end_backward before step()");
+                   "run at least one forward/begin_backward/backward/end_backward before step(); end a "
+                   "forward-only pass with end_pass()");
+    ZSHARD_REQUIRE(!ctl_.sync.holding(), error_kind::usage,
+                   "step() with " + std::to_string(ctl_.sync.held_count()) + " gradient(s) held unreduced (sync off)",
+                   "run the last micro-batch before step() with set_gradient_sync(true)");
     step_report r;
     r.micro_batches = micro_batches_;
     r.swept = std::move(swept_);
@@ -225,16 +237,16 @@ class engine {
     global_grad_stats g;
     try {
       trace_span t(trace_, "wait", "gradient statistics exchange (waits for every rank)");
-      g = agreement_.at_step(counted_grad_stats(), fp_);
+      g = agreement_.at_step(counted_grad_norm(), fp_);
     } catch (...) {
       offloader_.discard_grads();
       broken_ = std::current_exception();
       throw;
     }
     fp_.start_step();
-    const auto [sum_squares, overflow] = g;
+    const auto [norm, overflow] = g;
     const double denom = double(micro_batches_) * double(scaler_.scale());
-    r.grad_norm = std::sqrt(sum_squares) / denom;
+    r.grad_norm = norm / denom;
     if (overflow) {
       r.skipped = true;
       r.grad_norm = INFINITY;
@@ -242,13 +254,14 @@ class engine {
     } else {
       r.clip_coefficient = optim::clip_coefficient(r.grad_norm, cfg_.clip_norm);
       trace_span t(trace_, "optimizer", "optimizer (AdamW, host copies)");
-      offloader_.update({++step_, lr_, static_cast<float>(r.clip_coefficient / denom)});
+      offloader_.update({++step_, lr(), static_cast<float>(r.clip_coefficient / denom), &ctl_.groups});
     }
     publish_shards();
     scaler_.update(overflow);
     r.step = step_;
     r.loss_scale = scaler_.scale();
     micro_batches_ = 0;
+    ctl_.scopes_since_boundary = 0;
     prefetcher_.on_step();
     trace_span t(trace_, "release", "release (step)");
     residency_.release_unpinned();
@@ -256,6 +269,21 @@ class engine {
     check(residency_.resident_by_scan() == store_.resident_numel(),
           "resident elements disagree with the gathered set (I5)");
     return r;
+  }
+
+  // ---- forward-only passes and what changes between steps (engine/training_controls.hpp) ------
+  // end_pass(): the boundary of a forward-only pass (use_kind::no_grad forwards only).
+  void end_pass() { controls::end_pass(*this); }
+  std::int64_t passes() const noexcept { return ctl_.passes; }
+  // Collective (every rank, same arguments; checked): freeze / unfreeze p between steps.
+  void set_trainable(param_id p, bool trainable) { controls::set_trainable(*this, p, trainable); }
+  // Collective: sync off keeps full gradients unreduced across micro-batches (engine/grad_sync.hpp).
+  void set_gradient_sync(bool on) { controls::set_gradient_sync(*this, on); }
+  bool gradient_sync() const noexcept { return ctl_.sync.enabled(); }
+  bool gradient_sync_was_off() const noexcept { return ctl_.sync.ever_off(); }
+  // Collective: m stays gathered from its counted forward to its backward (a preferred hold).
+  void set_keep_gathered_until_backward(module_id m, bool keep) {
+    controls::set_keep_gathered_until_backward(*this, m, keep);
   }
 
   // The training stack owns activations; it reports how many bytes it holds now so that the
@@ -273,34 +301,28 @@ class engine {
   // ---- queries -------------------------------------------------------------------------------
   // Multiply the loss gradient by this before backward (1 unless f16 loss scaling is on).
   float loss_scale() const noexcept { return scaler_.scale(); }
-  float lr() const noexcept { return lr_; }
-  void set_lr(float lr) {
-    ZSHARD_REQUIRE(std::isfinite(lr) && lr > 0, error_kind::config, "learning rate must be positive and finite");
-    lr_ = lr;
+  // Learning rates per parameter group (optim/param_groups.hpp): group "default" is index 0. A
+  // schedule calls set_lr on every rank alike (not checked: it is called every step).
+  float lr() const noexcept { return ctl_.groups.lr(0); }
+  float lr(std::string_view group) const { return ctl_.groups.lr(ctl_.groups.index_of(group)); }
+  void set_lr(float lr) {  // every group
+    for (std::size_t g = 0; g < ctl_.groups.size(); ++g) ctl_.groups.set_lr(g, lr);
   }
+  void set_lr(std::string_view group, float lr) { ctl_.groups.set_lr(ctl_.groups.index_of(group), lr); }
+  const optim::param_groups& param_groups() const noexcept { return ctl_.groups; }
   std::int64_t steps_taken() const noexcept { return step_; }
 
-  // Collective: every rank calls it; returns p's full value as f32 (tests, checkpoints, eval).
-  std::vector<float> gather_param(param_id p) {
-    rethrow_if_broken();
-    engine_checks::param_id_in_range(spec_, p, "gather_param");
-    const auto& s = store_[p];
-    auto& streams = store_.streams();
-    buffer<Backend> staging = scratch(dtype::f32, s.layout.padded_numel);
-    if (s.layout.replicated) {
-      backend_.convert(s.shard.data(), s.type, staging.data(), dtype::f32, s.layout.numel,
-                       streams.on(stream_role::compute));
-    } else {
-      buffer<Backend> full = scratch(s.type, s.layout.padded_numel);
-      tagged::all_gather(comm_, s.shard.data(), full.data(), s.layout.shard_numel, s.type,
-                         streams.collective_on(stream_role::compute), {collective_use::gather_param, collective_tag::none, p});
-      backend_.convert(full.data(), s.type, staging.data(), dtype::f32, s.layout.numel,
-                       streams.on(stream_role::compute));
-    }
-    std::vector<float> out(s.layout.numel);
-    backend_.copy(out.data(), staging.data(), out.size() * sizeof(float), streams.on(stream_role::compute));
-    backend_.synchronize(streams.on(stream_role::compute));
-    return out;
+  // ---- full values across ranks (engine/full_state.hpp): COLLECTIVE, one parameter at a time --
+  std::vector<float> gather_param(param_id p) { return full_state<engine>::gather_param(*this, p); }
+  void write_param(param_id p, std::span<const float> value, int writer) {
+    full_state<engine>::write_param(*this, p, value, writer);
+  }
+  std::vector<float> gather_grad(param_id p) { return full_state<engine>::gather_grad(*this, p); }
+  std::vector<float> gather_optimizer_state(param_id p, state_field f) {
+    return full_state<engine>::gather_optimizer_state(*this, p, f);
+  }
+  void write_optimizer_state(param_id p, state_field f, std::span<const float> value, int writer) {
+    full_state<engine>::write_optimizer_state(*this, p, f, value, writer);
   }
 
   // ---- state access (state/state_access.hpp): per rank, between steps ------------------------
@@ -308,41 +330,18 @@ class engine {
   // (working: p's dtype; master, m, v: f32, trainable parameters only). Checkpoints, pretrained
   // loading and parameter tools are built on these; a write takes effect at the next gather.
   void read_shard(param_id p, state_field f, std::size_t offset, void* host_dst, std::size_t n) {
-    auto& s = shard_access(p, f, offset, n);
-    if (f != state_field::working) {
-      if constexpr (state_accessible<offloader_type>) offloader_.read_state(p, f, offset, static_cast<float*>(host_dst), n);
-      return;
-    }
-    auto& compute = store_.streams().on(stream_role::compute);
-    backend_.copy(host_dst, static_cast<const char*>(s.shard.data()) + offset * size_of(s.type), n * size_of(s.type),
-                  compute);
-    backend_.synchronize(compute);
+    shard_state<engine>::read(*this, p, f, offset, host_dst, n);
   }
   void write_shard(param_id p, state_field f, std::size_t offset, const void* host_src, std::size_t n) {
-    auto& s = shard_access(p, f, offset, n);
-    if (f != state_field::working) {
-      if constexpr (state_accessible<offloader_type>)
-        offloader_.write_state(p, f, offset, static_cast<const float*>(host_src), n);
-      return;
-    }
-    auto& compute = store_.streams().on(stream_role::compute);
-    backend_.copy(static_cast<char*>(s.shard.data()) + offset * size_of(s.type), host_src, n * size_of(s.type),
-                  compute);
-    backend_.synchronize(compute);
-    publish_shards();
+    shard_state<engine>::write(*this, p, f, offset, host_src, n);
   }
   // Field f of p's shard as host memory the CPU may read and write directly (host backend,
   // offloaded optimizer state), so checkpoints move file bytes straight in and out of it
   // without a staging copy; null when the field lives in device memory. Valid between steps.
-  void* shard_host_data(param_id p, state_field f) {
-    auto& s = shard_access(p, f, 0, 0);
-    if (f == state_field::working) return offload::memory_is_host<Backend>() ? s.shard.data() : nullptr;
-    if constexpr (requires { offloader_.state_host_data(p, f); })
-      return offloader_.state_host_data(p, f);
-    else
-      return nullptr;
-  }
-  run_state run_counters() const noexcept { return {step_, lr_, scaler_.state()}; }
+  void* shard_host_data(param_id p, state_field f) { return shard_state<engine>::host_data(*this, p, f); }
+  // The default group's learning rate (a checkpoint records that one; other groups' rates are the
+  // training loop's to set again after a load).
+  run_state run_counters() const noexcept { return {step_, lr(), scaler_.state()}; }
   // Validates all of s before changing anything.
   void restore_run_counters(const run_state& s) {
     check_between_steps("restore_run_counters");
@@ -352,7 +351,7 @@ class engine {
     optim::loss_scaler scaler = scaler_;
     scaler.restore(s.scaler);
     scaler_ = scaler;
-    lr_ = s.lr;
+    ctl_.groups.set_lr(0, s.lr);
     step_ = s.step;
     // Without per-parameter counts (restore_update_counts), every parameter continues from the step.
     if constexpr (requires { offloader_.set_update_counts(s.step); }) offloader_.set_update_counts(s.step);
@@ -433,6 +432,7 @@ class engine {
       reducer_.flush(sink_);
     for (param_id p = 0; p < store_.size(); ++p) store_[p].full_grad.reset_on(store_.streams().on(stream_role::compute));
     tracker_.reset(spec_);
+    ctl_.sync.discard();
     residency_.end_holds();
     residency_.release_unpinned();
     offloader_.discard_grads();
@@ -444,6 +444,10 @@ class engine {
 
  private:
   friend scope;
+  friend class full_state<engine>;
+  friend class shard_state<engine>;
+  friend class training_controls<engine>;
+  using controls = training_controls<engine>;
 
   // ---- construction --------------------------------------------------------------------------
   static Comm& checked_reduce_comm(Comm& comm, Comm& reduce) {
@@ -458,12 +462,13 @@ class engine {
 
   int agreement_world_rank() const noexcept { return groups_.world_rank(); }
 
-  // The step's gradient statistics over the world count each shard once: the replicas of a shard
-  // group hold bitwise the same gradient shards, so only replica 0 adds its sum of squares (+0.0
-  // from the others leaves the sum unchanged, bit for bit). An Inf/NaN is reported by every rank.
-  grad_stats counted_grad_stats() {
-    grad_stats g = offloader_.local_grad_stats();
-    if (replica_index() != 0) g.sum_squares = 0.0;
+  // The step's gradient norm over the world counts each shard once: the replicas of a shard group
+  // hold bitwise the same gradient shards, so only replica 0 adds its part (sum of squares, sum of
+  // |g| or max |g|, engine/grad_norm.hpp; +0.0 from the others leaves a sum unchanged, bit for
+  // bit, and a max too). An Inf/NaN is reported by every rank.
+  local_grad_norm counted_grad_norm() {
+    local_grad_norm g = local_grad_norm_of(offloader_, cfg_.clip_norm_type);
+    if (replica_index() != 0) g.part = 0.0;
     return g;
   }
 
@@ -538,6 +543,7 @@ class engine {
       tracker_.on_forward(m, kind);
     const auto saved = fp_.save();
     fp_.on_scope(m, kind, is_backward);
+    controls::count_scope(*this);
     store_.collective_context = fp_.tag(collective_use::gather, m);
     made_grads_.clear();
     int stage = 0;  // 1: the Prefetcher saw the scope, 2: the residency opened it
@@ -587,7 +593,7 @@ class engine {
     fp_.restore(saved);
     for (param_id p : made_grads_) store_[p].full_grad.reset_on(store_.streams().on(stream_role::compute));
     try {
-      if (stage >= 2) residency_.close(m, false);
+      if (stage >= 2) residency_.close(m, false, false);
       if constexpr (requires { prefetcher_.on_scope_failed(m, kind); })
         if (stage >= 1) prefetcher_.on_scope_failed(m, kind);
       if constexpr (requires { tracker_.on_scope_failed(m, kind, is_backward); })
@@ -612,10 +618,10 @@ class engine {
         completed_.clear();
         tracker_.on_backward_done(m, completed_);
         trace_span t(trace_, "reduce", "reduce-scatter", spec_.module(m).name);
-        for (param_id p : completed_) reducer_.grad_ready(p, sink_);
+        for (param_id p : completed_) ctl_.sync.complete(p, reduce_);
       }
       trace_span t(trace_, "release", "release", spec_.module(m).name);
-      residency_.close(m, tracker_.keeps_gathered(m));
+      residency_.close(m, tracker_.keeps_gathered(m), controls::prefers_gathered(*this, m));
     } catch (...) {
       broken_ = std::current_exception();
       throw;
@@ -639,7 +645,7 @@ class engine {
     scopes_.ended(sc, m, is_backward);
     try {
       abandoned_ = engine_checks::scope_name(spec_, m, use_kind::counted, is_backward);
-      residency_.close(m, false);
+      residency_.close(m, false, false);
     } catch (...) {
       if (!broken_) broken_ = std::current_exception();
     }
@@ -666,27 +672,14 @@ class engine {
     return {s.full_grad.data(), dtype::f32, s.spec->shape};
   }
 
-  // ---- state access helpers ------------------------------------------------------------------
+  // ---- between steps --------------------------------------------------------------------------
   void check_between_steps(const char* what) const {
     rethrow_if_broken();
-    ZSHARD_REQUIRE(scopes_.count() == 0 && micro_batches_ == 0, error_kind::usage,
+    ZSHARD_REQUIRE(scopes_.count() == 0 && micro_batches_ == 0 && tracker_.phase() == step_phase::forward &&
+                       !controls::counted_uses_pending(*this),
+                   error_kind::usage,
                    std::string(what) + " during a step (a scope is open or a micro-batch awaits step())",
-                   "access parameter state between step() and the next forward");
-  }
-  param_slot<Backend>& shard_access(param_id p, state_field f, std::size_t offset, std::size_t n) {
-    check_between_steps("parameter state access");
-    ZSHARD_REQUIRE(p < store_.size(), error_kind::usage, "parameter id " + std::to_string(p) + " does not exist");
-    auto& s = store_[p];
-    ZSHARD_REQUIRE(offset + n <= s.layout.shard_numel, error_kind::usage,
-                   "state access of elements [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
-                       ") of parameter '" + s.spec->name + "' whose shard has " + std::to_string(s.layout.shard_numel));
-    ZSHARD_REQUIRE(f == state_field::working || s.spec->trainable, error_kind::usage,
-                   "parameter '" + s.spec->name + "' is frozen: it has no " + std::string(to_string(f)) + " state");
-    if constexpr (!state_accessible<offloader_type>)
-      ZSHARD_REQUIRE(f == state_field::working, error_kind::usage,
-                     "this engine's Offloader does not provide state access (read_state/write_state)",
-                     "implement them as offload/on_device.hpp does; see state/state_access.hpp");
-    return s;
+                   "call it between step() and the next forward");
   }
 
   // Scratch for the engine's own compute work, allocated in the compute stream's order (the
@@ -718,7 +711,7 @@ class engine {
 
   Backend& backend_;
   const int uncaught_at_construction_ = std::uncaught_exceptions();
-  const model_spec spec_;
+  model_spec spec_;  // not const: set_trainable changes a parameter's flag (between steps)
   const engine_config cfg_;
   rank_trace* trace_;  // null unless cfg_.trace: before store_, so it sees every allocation
   const hybrid_layout hybrid_;  // flat (one shard group: the world) unless cfg_.hybrid says otherwise
@@ -741,7 +734,12 @@ class engine {
   std::vector<param_id> made_grads_;  // gradient buffers made by the scope being opened
   std::string abandoned_;  // the scope left by an exception, until discard_gradients()
   optim::loss_scaler scaler_;
-  float lr_;
+  training_control_state ctl_;  // parameter groups, gradient sync, kept modules, passes
+  // The Reducer's entry, for grad_sync to call when a gradient is reduced now.
+  struct reduce_now {
+    engine* e;
+    void operator()(param_id p) const { e->reducer_.grad_ready(p, e->sink_); }
+  } reduce_{this};
   std::int64_t step_ = 0;
   int micro_batches_ = 0;
   std::size_t activation_bytes_ = 0;

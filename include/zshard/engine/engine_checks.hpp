@@ -54,10 +54,11 @@ void module_sizes(const model_spec& spec, const Residency& residency, const engi
   }
 }
 
-template <class Backend>
-void no_full_gradient_left(const param_store<Backend>& store) {
+// `held(p)`: p's full gradient is held on purpose (no-sync accumulation, engine/grad_sync.hpp).
+template <class Backend, class Held>
+void no_full_gradient_left(const param_store<Backend>& store, Held&& held) {
   for (param_id p = 0; p < store.size(); ++p)
-    ZSHARD_REQUIRE(!store[p].full_grad, error_kind::invariant,
+    ZSHARD_REQUIRE(!store[p].full_grad || held(p), error_kind::invariant,
                    "parameter '" + store[p].spec->name +
                        "' still holds a full gradient after end_backward: the HookTracker never reported it complete, "
                        "so it would never be reduced or applied (I7)",

@@ -5,13 +5,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "zshard/core/dtype.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/core/log.hpp"
 #include "zshard/offload/offload_config.hpp"
 #include "zshard/optim/adamw.hpp"
+#include "zshard/optim/grad_clip.hpp"
 #include "zshard/optim/loss_scaler.hpp"
+#include "zshard/optim/param_groups.hpp"
 #include "zshard/partition/hybrid_config.hpp"
 #include "zshard/partition/partition_config.hpp"
 #include "zshard/prefetch/prefetch_config.hpp"
@@ -31,6 +34,10 @@ struct engine_config {
   reduce_config reduce{};
   optim::adamw_config adamw{};
   double clip_norm = 0.0;  // global-norm gradient clipping; 0 turns it off
+  double clip_norm_type = 2.0;  // the norm clipped and reported: 2, 1 or INFINITY (as clip_grad_norm_)
+  // Learning rate and weight decay per group of parameters (optim/param_groups.hpp); parameters
+  // no group claims are in group "default", with adamw's values.
+  std::vector<optim::param_group> param_groups{};
   optim::loss_scale_config loss_scale{};
   offload_config offload{};  // host Offloader: threads, SIMD path, tiles, host memory budget
   // Gathers and gradient reductions on streams of their own, overlapping compute, when the
@@ -60,6 +67,9 @@ struct engine_config {
     ZSHARD_REQUIRE(prefetch.max_live_numel > 0, error_kind::config, "max_live_numel must be positive");
     ZSHARD_REQUIRE(reduce.reduce_bucket_numel > 0, error_kind::config, "reduce_bucket_numel must be positive");
     ZSHARD_REQUIRE(clip_norm >= 0.0, error_kind::config, "clip_norm must be >= 0 (0 turns clipping off)");
+    ZSHARD_REQUIRE(optim::is_supported_norm_type(clip_norm_type), error_kind::config,
+                   "clip_norm_type = " + std::to_string(clip_norm_type) + " is not supported",
+                   "use 2 (L2, the default), 1 or INFINITY (max-abs)");
     adamw.validate();
     loss_scale.validate();
     offload.validate();

@@ -25,9 +25,18 @@ struct setting_value {
   std::uint64_t value;
 };
 
+// A rank's part of the step's gradient norm (engine/grad_norm.hpp): for norm type 2 the sum of
+// squares, for 1 the sum of |g|, for inf the largest |g|, over the gradient shards it owns (a
+// replicated parameter on rank 0 only); and whether it saw an Inf/NaN element.
+struct local_grad_norm {
+  double part = 0;
+  bool nonfinite = false;
+  double norm_type = 2.0;
+};
+
 struct global_grad_stats {
-  double sum_squares = 0;  // over every rank's shards, added in double in rank order
-  bool overflow = false;   // an Inf/NaN gradient element on some rank
+  double norm = 0;        // of type norm_type, over every rank's parts combined in double in rank order
+  bool overflow = false;  // an Inf/NaN gradient element on some rank
 };
 
 // Scratch an exchange of `words` 64-bit words holds at once (its send and receive buffers), and
@@ -35,7 +44,7 @@ struct global_grad_stats {
 constexpr std::size_t exchange_scratch_bytes(std::size_t words, int world) {
   return 8 * words * (1 + static_cast<std::size_t>(world));
 }
-inline constexpr std::size_t step_exchange_words = 4;  // fingerprint, scope count, sum of squares, overflow
+inline constexpr std::size_t step_exchange_words = 4;  // fingerprint, scope count, norm part, overflow
 
 // The exchange under rank_agreement, for callers without an engine's streams (the hybrid
 // layout is checked before its groups exist: engine/hybrid_groups.hpp).
@@ -98,10 +107,11 @@ class rank_agreement {
   }
 
   // step(): the schedule fingerprints agree (else throws, naming the first scope where the
-  // ranks diverged), and the gradient statistics, summed in double in rank order so the result
-  // does not depend on the world size or on timing.
-  global_grad_stats at_step(const grad_stats& local, const schedule_fingerprint& fp) {
-    const std::vector<std::uint64_t> mine = {fp.value(), fp.scopes(), std::bit_cast<std::uint64_t>(local.sum_squares),
+  // ranks diverged), and the gradient norm, every rank's part combined in double in rank order
+  // (sum for types 2 and 1, then the square root for 2; max for inf), so the result does not
+  // depend on the world size or on timing. One exchange, whatever the norm type.
+  global_grad_stats at_step(const local_grad_norm& local, const schedule_fingerprint& fp) {
+    const std::vector<std::uint64_t> mine = {fp.value(), fp.scopes(), std::bit_cast<std::uint64_t>(local.part),
                                              local.nonfinite ? 1u : 0u};
     static_assert(step_exchange_words == 4);
     // Tagged without the hash: ranks whose schedules differ still meet here, and find where.
@@ -109,13 +119,40 @@ class rank_agreement {
     const std::size_t world = static_cast<std::size_t>(comm_.size());
     for (std::size_t r = 0; r < world; ++r)
       if (all[r * 4] != all[0] || all[r * 4 + 1] != all[1]) report_divergence(fp, "step()");
+    const bool max_norm = std::isinf(local.norm_type);
     global_grad_stats g;
+    double combined = 0;
     for (std::size_t r = 0; r < world; ++r) {
-      g.sum_squares += std::bit_cast<double>(all[r * 4 + 2]);
+      const double part = std::bit_cast<double>(all[r * 4 + 2]);
+      combined = max_norm ? (std::isnan(part) || part > combined ? part : combined) : combined + part;
       g.overflow = g.overflow || all[r * 4 + 3] != 0;
     }
-    g.overflow = g.overflow || !std::isfinite(g.sum_squares);
+    g.overflow = g.overflow || !std::isfinite(combined);
+    g.norm = local.norm_type == 2.0 ? std::sqrt(combined) : combined;
     return g;
+  }
+
+  // A call whose collectives depend on its arguments (set_trainable, set_gradient_sync, a state
+  // write's writer rank, ...): every rank passed the same `values`, else every rank throws the
+  // same usage error naming `what`. `problem`: a failure only this rank can see (a bad value on
+  // the writer rank); any rank's becomes every rank's error, with `problem_text`. One exchange.
+  void same_arguments(const std::string& what, const std::vector<std::uint64_t>& values, bool problem = false,
+                      const std::string& problem_text = {}) {
+    std::vector<std::uint64_t> mine = values;
+    mine.push_back(problem ? 1u : 0u);
+    const std::size_t n = mine.size(), world = static_cast<std::size_t>(comm_.size());
+    const auto all = exchange(mine, {collective_use::arguments});
+    if constexpr (!Backend::holds_storage) return;  // no peers' words (phantom): nothing to compare
+    for (std::size_t r = 0; r < world; ++r)
+      for (std::size_t i = 0; i + 1 < n; ++i)
+        ZSHARD_REQUIRE(all[r * n + i] == all[i], error_kind::usage,
+                       "ranks called " + what + " with different arguments (rank 0 and rank " + std::to_string(r) +
+                           " differ in argument #" + std::to_string(i + 1) + ")",
+                       "call it on every rank with the same arguments, at the same point of the training loop");
+    for (std::size_t r = 0; r < world; ++r)
+      ZSHARD_REQUIRE(all[r * n + n - 1] == 0, error_kind::usage,
+                     what + ": rank " + std::to_string(r) + " " + problem_text,
+                     "every rank took part and none changed anything; fix the call on that rank");
   }
 
   // check_every_scope: the fingerprints agree now, before the scope's gathers.

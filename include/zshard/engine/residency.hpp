@@ -1,8 +1,19 @@
 #pragma once
-// Which parameters are gathered, and why: pinned by an open scope, held by the HookTracker
-// (binding), or gathered ahead / kept for reuse by the Prefetcher (advisory, evicted first when
-// a scope needs the room). Owns invariant I5: resident elements stay within max_live_numel,
-// except one module larger than it alone when allow_oversized_module is set.
+// Which parameters are gathered, and why: pinned by an open scope, held, or gathered ahead /
+// kept for reuse by the Prefetcher (advisory). Owns invariant I5: resident elements stay within
+// max_live_numel, except one module larger than it alone when allow_oversized_module is set.
+//
+// Holds come in two kinds. A binding hold (the HookTracker's keeps_gathered) is never evicted,
+// so the budget check can fail on it. A preferred hold (the HookTracker's prefers_gathered: the
+// default tracker's recomputed module waiting for its backward; a module kept gathered from
+// forward to backward, engine::set_keep_gathered_until_backward) saves a second gather but
+// yields to the budget: when a scope needs room, make_room evicts what the Prefetcher gathered
+// or kept that is not wanted soon, then what it asked for just now, and last preferred holds.
+// A module evicted that way is gathered again when its next scope opens (hold_evictions()
+// counts it). So with the default tracker a tight budget never fails on a hold: with
+// max_live_numel = an outer module + its largest inner module, nested activation checkpointing
+// (recomputed inner modules held while their siblings recompute) runs in budget
+// (tests/engine/test_nested_checkpoint_budget.cpp).
 //
 // This bookkeeping (pins, holds, the gather marks) is the engine's own: policies never see it,
 // and only this class holds the residency_key that moves a parameter between sharded and
@@ -31,7 +42,7 @@ class residency {
         prefetcher_(prefetcher),
         cfg_(cfg),
         entries_(store.size()),
-        held_(store.spec().modules().size(), false) {}
+        held_(store.spec().modules().size(), hold::none) {}
 
   // A scope of m opens: make room, gather and pin m's parameters, check the budget, make
   // compute wait for their gathers (those issued now, or ahead earlier), then gather what the
@@ -64,10 +75,11 @@ class residency {
     }
   }
 
-  // A scope of m closes; `held` is the HookTracker's word on keeping m gathered. The hold is
-  // taken before unpinning, so a held module is never released in between.
-  void close(module_id m, bool held) {
-    set_held(m, held);
+  // A scope of m closes; `binding` / `preferred`: whether m stays gathered, and how firmly (see
+  // the header comment). The hold is taken before unpinning, so a held module is never
+  // released in between.
+  void close(module_id m, bool binding, bool preferred) {
+    set_hold(m, binding ? hold::binding : preferred ? hold::preferred : hold::none);
     for (param_id p : params(m)) {
       auto& e = entries_[p];
       if (e.pins <= 0) throw error(error_kind::invariant, "unbalanced pins on parameter '" + store_[p].spec->name + "'");
@@ -78,7 +90,7 @@ class residency {
 
   // End of backward (I3): no hold survives it.
   void end_holds() {
-    for (module_id m = 0; m < held_.size(); ++m) set_held(m, false);
+    for (module_id m = 0; m < held_.size(); ++m) set_hold(m, hold::none);
   }
 
   // Releases every gathered parameter no open scope uses.
@@ -105,23 +117,30 @@ class residency {
     return n;
   }
 
-  // Open scopes using p, and modules the HookTracker holds gathered that list p.
+  // Open scopes using p, and modules held gathered (either kind) that list p.
   int pins(param_id p) const noexcept { return entries_[p].pins; }
-  int holds(param_id p) const noexcept { return entries_[p].holds; }
+  int holds(param_id p) const noexcept { return entries_[p].holds + entries_[p].preferred; }
+  // Parameters under a preferred hold released to make room for a scope (each is gathered
+  // again when next used).
+  std::size_t hold_evictions() const noexcept { return hold_evictions_; }
 
  private:
+  enum class hold : unsigned char { none, preferred, binding };
   struct entry {
-    int pins = 0;   // open scopes using this parameter
-    int holds = 0;  // modules the HookTracker holds gathered that list this parameter
+    int pins = 0;       // open scopes using this parameter
+    int holds = 0;      // modules under a binding hold that list this parameter
+    int preferred = 0;  // modules under a preferred hold that list this parameter
     // The end of p's gather on the gather stream, until compute has waited for it.
     typename stream_roles<Backend>::mark gather_done{};
   };
 
   const std::vector<param_id>& params(module_id m) const { return store_.spec().module(m).params; }
 
-  // Gathered but neither in use nor held: may be released to make room.
+  // Gathered but neither in use nor held: released when no scope uses it (unless the Prefetcher
+  // keeps it), and the first to go when a scope needs room.
   bool evictable(param_id p) const noexcept {
-    return store_[p].gathered() && entries_[p].pins == 0 && entries_[p].holds == 0;
+    const auto& e = entries_[p];
+    return store_[p].gathered() && e.pins == 0 && e.holds == 0 && e.preferred == 0;
   }
 
   // Gathers the parameters of `wanted` not yet gathered that `admit` lets in, as one group,
@@ -186,30 +205,41 @@ class residency {
     if (evictable(p) && !prefetcher_.keep_after_scope(p)) release(p);
   }
 
-  void set_held(module_id m, bool held) {
-    if (held_[m] == held) return;
-    held_[m] = held;
+  void set_hold(module_id m, hold h) {
+    const hold old = held_[m];
+    if (old == h) return;
+    held_[m] = h;
     for (param_id p : params(m)) {
-      entries_[p].holds += held ? 1 : -1;
-      if (!held) release_if_unused(p);
+      auto& e = entries_[p];
+      if (old == hold::binding) --e.holds;
+      if (old == hold::preferred) --e.preferred;
+      if (h == hold::binding) ++e.holds;
+      if (h == hold::preferred) ++e.preferred;
+      release_if_unused(p);
     }
   }
 
-  // Evicts parameters gathered but neither pinned nor held until m's missing parameters fit
-  // under max_live_numel, or nothing is left to evict. m's own parameters stay; those the
-  // Prefetcher asked for just now go last.
+  // Evicts parameters neither pinned nor under a binding hold until m's missing parameters fit
+  // under max_live_numel, or nothing is left to evict: first those not held and not wanted
+  // soon, then those the Prefetcher asked for just now, last those under a preferred hold (see
+  // the header comment). m's own stay.
   void make_room(module_id m, const std::vector<param_id>& ahead) {
     const std::size_t budget = cfg_.max_live_numel;
     std::size_t needed = 0;
     for (param_id p : params(m))
       if (!store_[p].is_gathered()) needed += store_[p].layout.padded_numel;
     const auto& own = params(m);
-    for (int pass = 0; pass < 2 && store_.resident_numel() + needed > budget; ++pass) {
+    for (int pass = 0; pass < 3 && store_.resident_numel() + needed > budget; ++pass) {
       for (std::size_t i = store_.gathered_set().size(); i-- > 0 && store_.resident_numel() + needed > budget;) {
         const param_id p = store_.gathered_set()[i];
-        if (!evictable(p) || std::find(own.begin(), own.end(), p) != own.end()) continue;
+        const auto& e = entries_[p];
+        if (e.pins != 0 || e.holds != 0 || std::find(own.begin(), own.end(), p) != own.end()) continue;
+        const bool held = e.preferred != 0;
+        if (held != (pass == 2)) continue;
         const bool wanted_soon = std::find(ahead.begin(), ahead.end(), p) != ahead.end();
-        if (pass == 1 || !wanted_soon) release(p);
+        if (pass == 0 && wanted_soon) continue;
+        if (held) ++hold_evictions_;
+        release(p);
       }
     }
   }
@@ -229,8 +259,9 @@ class residency {
   Prefetcher& prefetcher_;
   const prefetch_config& cfg_;
   std::vector<entry> entries_;    // per parameter
-  std::vector<bool> held_;        // modules the HookTracker holds gathered
+  std::vector<hold> held_;        // per module: how it is held gathered
   std::vector<param_id> issued_;  // the gathers of the group being issued
+  std::size_t hold_evictions_ = 0;
 };
 
 }  // namespace zshard

@@ -6,8 +6,9 @@
 // collective's tag where the communicator takes tags (comm/communicator.hpp), so two ranks
 // that diverged are caught at their next collective or, at the latest, before the update.
 //
-// The scopes of the current step are kept (module and use, 4 bytes each) so that, when the
-// values differ, the ranks can find the first scope where they diverged and name it.
+// The scopes of the current step (or forward-only pass: end_pass() is its boundary) are kept
+// (module and use, 4 bytes each) so that, when the values differ, the ranks can find the first
+// scope where they diverged and name it.
 #include <cstdint>
 #include <vector>
 
@@ -17,7 +18,7 @@
 
 namespace zshard {
 
-enum class schedule_event : std::uint8_t { begin_backward = 1, end_backward, step, discard };
+enum class schedule_event : std::uint8_t { begin_backward = 1, end_backward, step, discard, end_pass };
 
 class schedule_fingerprint {
  public:

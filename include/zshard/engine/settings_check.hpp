@@ -10,12 +10,16 @@
 #include "zshard/engine/engine_config.hpp"
 #include "zshard/engine/rank_agreement.hpp"
 #include "zshard/model/model_spec.hpp"
+#include "zshard/optim/param_groups.hpp"
 #include "zshard/partition/shard_layout.hpp"
 
 namespace zshard {
 
+// Parameter groups (optim/param_groups.hpp) do not shape the schedule, but ranks that disagree on
+// them would apply different updates to the shards of one parameter: compared here as well.
 inline std::vector<setting_value> schedule_settings(const model_spec& spec, const engine_config& cfg,
                                                     const std::vector<shard_layout>& layouts, int world) {
+  const optim::param_groups groups(spec, cfg.param_groups, cfg.adamw);
   std::uint64_t layout_hash = 0xcbf29ce484222325ull;
   for (const auto& l : layouts)
     for (std::uint64_t v : {std::uint64_t(l.numel), std::uint64_t(l.shard_numel), std::uint64_t(l.padded_numel),
@@ -37,6 +41,10 @@ inline std::vector<setting_value> schedule_settings(const model_spec& spec, cons
       {"prefetch.allow_oversized_module", std::uint64_t(cfg.prefetch.allow_oversized_module)},
       {"reduce.reduce_bucket_numel", cfg.reduce.reduce_bucket_numel},
       {"clip_norm", std::bit_cast<std::uint64_t>(cfg.clip_norm)},
+      {"clip_norm_type", std::bit_cast<std::uint64_t>(cfg.clip_norm_type)},
+      {"param_groups (names and members)", groups.members_hash()},
+      {"param_groups (learning rates)", groups.lr_hash()},
+      {"param_groups (weight decays)", groups.weight_decay_hash()},
       {"check_every_scope", std::uint64_t(cfg.check_every_scope)},
       {"adamw.update_params_without_grad", std::uint64_t(cfg.adamw.update_params_without_grad)},
   };

@@ -96,6 +96,13 @@ class model_spec {
     return modules_[m];
   }
 
+  // Freezes or unfreezes a registered parameter. An engine's copy changes only through
+  // engine::set_trainable (between steps, on every rank); before an engine exists, set it here.
+  void set_trainable(param_id p, bool trainable) {
+    param(p);  // the range check
+    params_[p].trainable = trainable;
+  }
+
   param_id param_by_name(const std::string& name) const {
     auto it = param_index_.find(name);
     ZSHARD_REQUIRE(it != param_index_.end(), error_kind::config, "no parameter named '" + name + "'");

@@ -34,6 +34,12 @@
 //    real size and no memory is touched, so simulated models report host memory per rank.
 //
 // Threads: offload_config::host_threads (engine_config::offload), else one per hardware thread.
+//
+// Freezing (set_trainable, between steps): a frozen parameter keeps its state (and its update
+// count) in the flat arrays and gets no tiles, so no update touches it. Unfreezing one that
+// never trained appends its state at the end of the flat arrays (existing offsets do not move),
+// one array at a time: the host holds the state plus one array's copy for the moment, and a
+// failed allocation leaves the previous state intact.
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -67,6 +73,7 @@ class host_adam_impl {
   using own_memory_type = std::conditional_t<has_pinned_memory<Backend>, no_memory, host_memory>;
 
  public:
+  static constexpr bool applies_param_groups = true;  // update_args::groups
   host_adam_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper,
                  const offload_config& oc)
       : store_(store),
@@ -147,8 +154,14 @@ class host_adam_impl {
     optim::adamw_config hyper = hyper_;
     hyper.lr = a.lr;
     step_now_ = a.step;
-    steps_[0] = optim::make_adamw_step(hyper, a.step, a.grad_scale, false);
-    steps_[1] = optim::make_adamw_step(hyper, a.step, a.grad_scale, true);
+    groups_ = a.groups;
+    if (groups_) {
+      groups_->steps(hyper_, a.step, a.grad_scale, steps_);
+    } else {
+      steps_.resize(2);
+      steps_[0] = optim::make_adamw_step(hyper, a.step, a.grad_scale, false);
+      steps_[1] = optim::make_adamw_step(hyper, a.step, a.grad_scale, true);
+    }
     // Each parameter's own step count: a parameter without a gradient this step is skipped (as
     // PyTorch does) unless update_params_without_grad, and its count stays.
     for (param_id p = 0; p < params_.size(); ++p) {
@@ -156,7 +169,9 @@ class host_adam_impl {
       ps.skip = ps.trainable && !ps.has_grad && !hyper_.update_params_without_grad;
       if (!ps.trainable || ps.skip) continue;
       ++ps.steps;
-      if (ps.steps != a.step) ps.own_step = optim::make_adamw_step(hyper, ps.steps, a.grad_scale, store_[p].spec->decay);
+      if (ps.steps != a.step)
+        ps.own_step = groups_ ? groups_->step_for(p, store_[p].spec->decay, hyper_, ps.steps, a.grad_scale)
+                              : optim::make_adamw_step(hyper, ps.steps, a.grad_scale, store_[p].spec->decay);
     }
     if constexpr (holds_storage) {
       for (const auto& ps : params_)  // with update_params_without_grad: AdamW decays and moves with a zero gradient
@@ -195,11 +210,49 @@ class host_adam_impl {
 
   const memory_ledger& state_ledger() const noexcept { return memory_.ledger(); }
 
-  // The fp32 master shard of p on the host (empty for frozen parameters and phantom backends).
+  // The fp32 master shard of p on the host (empty for parameters without state and phantom backends).
   std::span<const float> master(param_id p) const noexcept {
     const auto& ps = params_[p];
-    if (!ps.trainable || master_.data() == nullptr) return {};
+    if (!ps.has_state || master_.data() == nullptr) return {};
     return {f32(master_) + ps.offset, ps.numel};
+  }
+
+  // L1 / L-inf part over the gradients this rank owns (optim/grad_clip.hpp, engine/grad_norm.hpp),
+  // straight from the host array; a parameter no gradient reached counts as zero.
+  double local_grad_norm_part(double norm_type) {
+    drain();
+    double part = 0.0;
+    if constexpr (holds_storage) {
+      for (param_id p = 0; p < params_.size(); ++p) {
+        const auto& ps = params_[p];
+        if (!ps.trainable || !ps.has_grad) continue;
+        if (norm_type == 1.0 && store_[p].layout.replicated && comm_.rank() != 0) continue;
+        part =
+            optim::combine_norm_parts(part, optim::norm_part(f32(grad_) + ps.offset, ps.numel, norm_type), norm_type);
+      }
+    }
+    return part;
+  }
+
+  // p's accumulated gradient shard (shard_numel f32) into host memory (zeros when none arrived).
+  void read_grad(param_id p, float* dst) {
+    drain();
+    const auto& ps = trainable_state(p);
+    if constexpr (holds_storage) {
+      if (ps.has_grad)
+        std::memcpy(dst, f32(grad_) + ps.offset, ps.numel * sizeof(float));
+      else
+        std::memset(dst, 0, ps.numel * sizeof(float));
+    }
+  }
+
+  // Between steps (no gradient pending). See the header comment for what happens to the state.
+  void set_trainable(param_id p, bool trainable) {
+    drain();
+    auto& ps = params_.at(p);
+    if (trainable && !ps.has_state) add_state(p);
+    ps.trainable = trainable;
+    plan_tiles();
   }
   // State access (state/state_access.hpp): straight from and into the host arrays, no device
   // round trip. Waits for the pool first (a gradient still being accumulated).
@@ -226,7 +279,8 @@ class host_adam_impl {
   friend class landing_queue<Backend, host_adam_impl>;
 
   struct param_state {
-    bool trainable = false;
+    bool trainable = false;      // updated by update(); has tiles
+    bool has_state = false;      // has master, m, v, grad in the flat arrays (trainable now or before)
     bool has_grad = false;       // a gradient arrived since the last update/discard; else it is zero
     bool skip = false;           // this update leaves it alone (no gradient)
     std::int64_t steps = 0;      // updates applied to it (its AdamW bias correction)
@@ -268,7 +322,9 @@ class host_adam_impl {
 
   // Null when the backend holds no storage (phantom).
   float* field(param_id p, state_field f, std::size_t offset, std::size_t n) {
-    const param_state& ps = trainable_state(p);
+    ZSHARD_REQUIRE(p < params_.size() && params_[p].has_state, error_kind::usage,
+                   "parameter #" + std::to_string(p) + " has no optimizer state (frozen or out of range)");
+    const param_state& ps = params_[p];
     ZSHARD_REQUIRE(f != state_field::working && offset + n <= ps.numel, error_kind::usage,
                    "state access of " + std::string(to_string(f)) + " elements [" + std::to_string(offset) + ", " +
                        std::to_string(offset + n) + ") of a shard of " + std::to_string(ps.numel));
@@ -291,18 +347,68 @@ class host_adam_impl {
       const auto& slot = store_[p];
       if (!slot.spec->trainable) continue;
       auto& ps = params_[p];
-      ps.trainable = true;
+      ps.trainable = ps.has_state = true;
       ps.offset = total_numel_;
       ps.numel = slot.layout.shard_numel;
       total_numel_ += optim::round_up_to_granule(ps.numel);
-      if constexpr (!holds_storage) continue;  // accounting only: no work is ever split
-      ps.first_tile = tiles_.size();
-      for (std::size_t b = 0; b < ps.numel; b += tile_)
-        tiles_.push_back({p, ps.offset + b, b, std::min(tile_, ps.numel - b), 0});
-      ps.tile_count = tiles_.size() - ps.first_tile;
+      by_offset_.push_back(p);
+    }
+    plan_tiles();
+  }
+
+  // Tiles of the trainable parameters in flat-array order, and the device path's rounds (again
+  // after set_trainable, between steps: no chunk is in flight then).
+  void plan_tiles() {
+    tiles_.clear();
+    segments_.clear();
+    rounds_.clear();
+    if constexpr (holds_storage) {  // accounting only: no work is ever split
+      for (param_id p : by_offset_) {
+        auto& ps = params_[p];
+        ps.first_tile = tiles_.size();
+        if (ps.trainable)
+          for (std::size_t b = 0; b < ps.numel; b += tile_)
+            tiles_.push_back({p, ps.offset + b, b, std::min(tile_, ps.numel - b), 0});
+        ps.tile_count = tiles_.size() - ps.first_tile;
+      }
     }
     tile_stats_.assign(tiles_.size(), grad_stats{});
     if constexpr (holds_storage && !in_place) plan_rounds();
+  }
+
+  // Appends p's state to the flat arrays (see the header comment); its master comes from the
+  // working shard, its moments are zero, its update count 0.
+  void add_state(param_id p) {
+    const std::size_t n = store_[p].layout.shard_numel, offset = total_numel_;
+    const std::size_t total = offset + optim::round_up_to_granule(n);
+    auto grow = [&](buffer<resource_type>& b, mem_category c) {
+      if (b.numel() == total) return;  // grown by an earlier attempt that failed later
+      buffer<resource_type> next(memory_, dtype::f32, total, c);
+      if constexpr (holds_storage) {
+        if (b.numel() > 0) std::memcpy(next.data(), b.data(), b.bytes());
+        std::memset(f32(next) + b.numel(), 0, (total - b.numel()) * sizeof(float));
+      }
+      b = std::move(next);
+    };
+    grow(master_, mem_category::optimizer_state);
+    grow(m_, mem_category::optimizer_state);
+    grow(v_, mem_category::optimizer_state);
+    grow(grad_, mem_category::grad_shards);
+    if constexpr (holds_storage) {
+      Backend& b = store_.backend();
+      const auto& slot = store_[p];
+      buffer<Backend> staging(b, dtype::f32, n, mem_category::scratch, compute());
+      b.convert(slot.shard.data(), slot.type, staging.data(), dtype::f32, n, compute());
+      b.copy(f32(master_) + offset, staging.data(), n * sizeof(float), compute());
+      b.synchronize(compute());
+    }
+    auto& ps = params_[p];
+    ps.has_state = true;
+    ps.offset = offset;
+    ps.numel = n;
+    ps.steps = 0;
+    total_numel_ = total;
+    by_offset_.push_back(p);
   }
 
   void plan_rounds() {
@@ -387,7 +493,9 @@ class host_adam_impl {
   }
 
   const optim::adamw_step& step_for(param_id p) const noexcept {
-    return params_[p].steps == step_now_ ? steps_[store_[p].spec->decay ? 1 : 0] : params_[p].own_step;
+    if (params_[p].steps != step_now_) return params_[p].own_step;
+    const bool decay = store_[p].spec->decay;
+    return steps_[groups_ ? groups_->slot(p, decay) : (decay ? 1 : 0)];
   }
 
   void update_tile(const tile& t, void* out) noexcept {
@@ -454,7 +562,9 @@ class host_adam_impl {
   std::vector<segment> segments_;
   std::vector<round> rounds_;
   std::size_t total_numel_ = 0;
-  optim::adamw_step steps_[2]{};  // [decay]
+  std::vector<optim::adamw_step> steps_;  // [decay], or per (group, decay) slot with groups_
+  const optim::param_groups* groups_ = nullptr;  // of the update running
+  std::vector<param_id> by_offset_;  // parameters with state, in flat-array order
   std::int64_t step_now_ = 0;     // the engine's step of the update running
   buffer<resource_type> master_, m_, v_, grad_, staging_;
   landing_queue<Backend, host_adam_impl> landing_;  // the device path's copies to the host in flight

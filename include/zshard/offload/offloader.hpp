@@ -28,15 +28,39 @@
 #include "zshard/core/policy_tags.hpp"
 #include "zshard/offload/offload_config.hpp"
 #include "zshard/optim/adamw.hpp"
+#include "zshard/optim/param_groups.hpp"
 #include "zshard/state/param_store.hpp"
 
 namespace zshard {
 
 struct update_args {
   std::int64_t step = 1;   // 1-based optimizer step (bias correction)
-  float lr = 0.0f;
+  float lr = 0.0f;         // when groups is null: every parameter's learning rate
   float grad_scale = 1.0f;  // multiplies the accumulated gradient: clip / (micro-batches * loss scale)
+  // Learning rate and weight decay per parameter group (optim/param_groups.hpp); null: lr above
+  // and adamw_config's weight decay for every parameter.
+  const optim::param_groups* groups = nullptr;
 };
+
+// Optional capabilities (the engine checks for them where they are used, and says which is
+// missing when a feature needs it; both in-tree Offloaders have all of them):
+//   local_grad_norm_part(t) -> double   this rank's part of the L1 (sum |g|) or L-inf (max |g|)
+//                                       norm of its gradient shards (engine/grad_norm.hpp)
+//   set_trainable(p, bool)              a parameter is frozen or unfrozen between steps: its
+//                                       state (and update count) is kept when frozen; created
+//                                       when first unfrozen (master from the working shard,
+//                                       m = v = 0, update count 0)
+//   read_grad(p, float* host)           p's accumulated gradient shard (shard_numel f32) into
+//                                       host memory, complete on return (zeros when none arrived)
+// An Offloader applies update_args::groups (per-group learning rate and weight decay) when it
+// says so (`static constexpr bool applies_param_groups = true;`); the engine refuses
+// engine_config::param_groups otherwise, rather than train every group at the default rate.
+template <class O>
+concept offloader_with_param_groups = requires { requires O::applies_param_groups; };
+template <class O>
+concept offloader_with_trainability = requires(O& o, param_id p) { o.set_trainable(p, true); };
+template <class O>
+concept offloader_with_grad_read = requires(O& o, param_id p, float* dst) { o.read_grad(p, dst); };
 
 template <class O, class Stream>
 concept offloader = requires(O& o, param_id p, const float* g, std::size_t n, Stream& s, const update_args& a) {

@@ -2,7 +2,9 @@
 // The default Offloader: optimizer state and gradient shards stay on the backend's device.
 // Per trainable parameter: fp32 master shard, AdamW m and v, and an fp32 gradient shard that
 // accumulates over micro-batches. The update runs on the backend's AdamW kernel, which writes
-// the working (f32/bf16/f16) shard in the same pass.
+// the working (f32/bf16/f16) shard in the same pass. A frozen parameter has no state until it
+// is first unfrozen (set_trainable); freezing it again keeps its state (and its update count)
+// for the next unfreeze.
 #include <cmath>
 #include <span>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "zshard/comm/communicator.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/offloader.hpp"
+#include "zshard/optim/grad_clip.hpp"
 #include "zshard/state/state_access.hpp"
 
 namespace zshard::offload {
@@ -17,24 +20,13 @@ namespace zshard::offload {
 template <class Backend, class Comm>
 class on_device_impl {
  public:
+  static constexpr bool applies_param_groups = true;  // update_args::groups
   // offload_config tunes the host Offloader only: nothing of it applies on the device.
   on_device_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper, const offload_config&)
       : store_(store), comm_(comm), hyper_(hyper) {
-    Backend& b = store.backend();
     state_.resize(store.size());
-    for (param_id p = 0; p < store.size(); ++p) {
-      const auto& slot = store[p];
-      if (!slot.spec->trainable) continue;
-      const std::size_t n = slot.layout.shard_numel;
-      auto& st = state_[p];
-      st.master = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state, compute());
-      st.m = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state, compute());
-      st.v = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state, compute());
-      st.grad = buffer<Backend>(b, dtype::f32, n, mem_category::grad_shards, compute());
-      b.fill_zero(st.m.data(), st.m.bytes(), compute());
-      b.fill_zero(st.v.data(), st.v.bytes(), compute());
-      b.fill_zero(st.grad.data(), st.grad.bytes(), compute());
-    }
+    for (param_id p = 0; p < store.size(); ++p)
+      if (store[p].spec->trainable) create_state(p);
   }
 
   void init_param(param_id p, const float* values) {
@@ -87,13 +79,15 @@ class on_device_impl {
     hyper.lr = a.lr;
     for (param_id p = 0; p < store_.size(); ++p) {
       auto& st = state_[p];
-      if (!st.grad) continue;
+      if (!st.trainable) continue;  // frozen (its state, if any, kept as it is)
       // No gradient this step: left alone as PyTorch does (unless update_params_without_grad),
       // its own step count (bias correction) unchanged.
       if (!st.has_grad && !hyper_.update_params_without_grad) continue;
       st.has_grad = false;
       auto& slot = store_[p];
-      const auto step = optim::make_adamw_step(hyper, ++st.steps, a.grad_scale, slot.spec->decay);
+      ++st.steps;
+      const auto step = a.groups ? a.groups->step_for(p, slot.spec->decay, hyper, st.steps, a.grad_scale)
+                                 : optim::make_adamw_step(hyper, st.steps, a.grad_scale, slot.spec->decay);
       b.adamw(step, st.master.template as<float>(), st.m.template as<float>(), st.v.template as<float>(),
               st.grad.template as<float>(), st.grad.numel(), slot.shard.data(), slot.type, compute());
       b.fill_zero(st.grad.data(), st.grad.bytes(), compute());
@@ -128,6 +122,44 @@ class on_device_impl {
 
   const memory_ledger& state_ledger() const noexcept { return store_.backend().ledger(); }
 
+  // L1 / L-inf part over the gradients this rank owns (optim/grad_clip.hpp, engine/grad_norm.hpp),
+  // one shard at a time through host memory: a pass the L2 path does not need (no device kernel
+  // for it yet).
+  double local_grad_norm_part(double norm_type) {
+    double part = 0.0;
+    for (param_id p = 0; p < store_.size(); ++p) {
+      if (!state_[p].trainable || !state_[p].has_grad) continue;
+      if (norm_type == 1.0 && store_[p].layout.replicated && comm_.rank() != 0) continue;
+      host_.resize(state_[p].grad.numel());
+      read_grad(p, host_.data());
+      part = optim::combine_norm_parts(part, optim::norm_part(host_.data(), host_.size(), norm_type), norm_type);
+    }
+    return part;
+  }
+
+  // p's accumulated gradient shard (shard_numel f32) into host memory, complete on return.
+  void read_grad(param_id p, float* dst) {
+    const auto& st = state_[p];
+    ZSHARD_REQUIRE(st.trainable, error_kind::usage, "parameter '" + store_[p].spec->name + "' has no gradient shard");
+    store_.backend().copy(dst, st.grad.data(), st.grad.bytes(), compute());
+    store_.backend().synchronize(compute());
+  }
+
+  // Between steps (the gradients are zero). Unfreezing a parameter that never trained creates its
+  // state: master from the working shard (exact for f32 working parameters), m = v = 0, update
+  // count 0 (its AdamW bias correction starts over, as torch.optim's per-parameter step does).
+  void set_trainable(param_id p, bool trainable) {
+    auto& st = state_[p];
+    if (trainable && !st.master) {
+      create_state(p);
+      const auto& slot = store_[p];
+      store_.backend().convert(slot.shard.data(), slot.type, st.master.data(), dtype::f32, slot.layout.shard_numel,
+                               compute());
+      store_.backend().synchronize(compute());
+    }
+    st.trainable = trainable;
+  }
+
   // The fp32 master shard of p (tests and checkpoints read it).
   const buffer<Backend>& master(param_id p) const noexcept { return state_[p].master; }
 
@@ -156,15 +188,31 @@ class on_device_impl {
   struct param_state {
     buffer<Backend> master, m, v, grad;
     bool has_grad = false;  // a reduced gradient arrived since the last update/discard
+    bool trainable = false;  // updated by update(); a frozen parameter keeps its buffers, if any
     std::int64_t steps = 0;  // updates applied to it
   };
+
+  void create_state(param_id p) {
+    Backend& b = store_.backend();
+    const std::size_t n = store_[p].layout.shard_numel;
+    param_state st;
+    st.master = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state, compute());
+    st.m = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state, compute());
+    st.v = buffer<Backend>(b, dtype::f32, n, mem_category::optimizer_state, compute());
+    st.grad = buffer<Backend>(b, dtype::f32, n, mem_category::grad_shards, compute());
+    b.fill_zero(st.m.data(), st.m.bytes(), compute());
+    b.fill_zero(st.v.data(), st.v.bytes(), compute());
+    b.fill_zero(st.grad.data(), st.grad.bytes(), compute());
+    st.trainable = true;
+    state_[p] = std::move(st);
+  }
 
   static constexpr bool sums_on_device = requires(Backend& b, const float* g, std::size_t n, double* out,
                                                  typename Backend::stream& st) { b.sum_squares_into(g, n, out, st); };
 
   // Whether p's gradient counts on this rank: trainable, and replicated values on rank 0 only.
   bool counts(param_id p) const noexcept {
-    return state_[p].grad && !(store_[p].layout.replicated && comm_.rank() != 0);
+    return state_[p].trainable && !(store_[p].layout.replicated && comm_.rank() != 0);
   }
 
   // Init, update and gradient statistics run on the compute stream (see offloader.hpp).
@@ -187,6 +235,7 @@ class on_device_impl {
   std::vector<param_state> state_;
   std::vector<param_id> counted_;  // local_grad_stats: kept between steps, so no step allocates
   std::vector<double> sums_;
+  std::vector<float> host_;  // one gradient shard, for the L1 / L-inf norms
 };
 
 struct on_device {

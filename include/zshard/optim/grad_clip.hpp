@@ -1,5 +1,6 @@
 #pragma once
-// Gradient clipping by global L2 norm, with torch.nn.utils.clip_grad_norm_ semantics. Under
+// Gradient clipping by a global norm, with torch.nn.utils.clip_grad_norm_ semantics: norm type
+// 2 (the default), 1 or inf (engine_config::clip_norm_type). Under
 // ZeRO-3 no rank holds the whole gradient: each rank sums the squares of its own fp32 gradient
 // shards (norm_accumulator on host backends), the engine all-reduces (sum) those partial sums
 // and the non-finite flag, takes the square root, and folds clip_coefficient() into
@@ -62,5 +63,36 @@ struct norm_accumulator {
   // The L2 norm of everything added so far (meaningful for one rank or after an all-reduce).
   double norm() const noexcept { return std::sqrt(sum_squares); }
 };
+
+// The norm types clip_grad_norm_ offers that zshard computes: 2, 1 and inf.
+inline bool is_supported_norm_type(double t) noexcept { return t == 2.0 || t == 1.0 || (std::isinf(t) && t > 0); }
+
+// One rank's part of a global L1 or L-inf norm over host gradients: the sum of |g| (type 1,
+// in double; all-reduced with sum) or the largest |g| (type inf; all-reduced with max). The L2
+// norm does not come through here: the Offloaders take its sum of squares on their fast path.
+// NaN propagates (a NaN gradient must not vanish into max); the overflow flag is the L2 path's.
+inline double norm_part(const float* g, std::size_t n, double norm_type) noexcept {
+  if (norm_type == 1.0) {
+    double acc[4] = {0.0, 0.0, 0.0, 0.0};
+    const std::size_t body = n - n % 4;
+    for (std::size_t i = 0; i < body; i += 4)
+      for (std::size_t k = 0; k < 4; ++k) acc[k] += std::fabs(static_cast<double>(g[i + k]));
+    for (std::size_t i = body; i < n; ++i) acc[0] += std::fabs(static_cast<double>(g[i]));
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  }
+  float mx = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(g[i]);
+    if (std::isnan(a)) return a;
+    if (a > mx) mx = a;
+  }
+  return mx;
+}
+
+// Combines two parts of the same norm type.
+inline double combine_norm_parts(double a, double b, double norm_type) noexcept {
+  if (norm_type == 1.0) return a + b;
+  return (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<double>::quiet_NaN() : (a > b ? a : b);
+}
 
 }  // namespace zshard::optim

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "zshard/core/memory_ledger.hpp"
 #include "zshard/plan/device_overheads.hpp"
@@ -28,6 +29,12 @@ struct plan_options {
   // What the device holds beyond the ledger (CUDA context, NCCL, pool, workspaces); none for
   // the host and phantom backends, device_overheads::cuda_defaults() for a GPU.
   device_overheads overheads = device_overheads::none();
+  // Modules the run keeps gathered from their counted forward to their backward
+  // (engine::set_keep_gathered_until_backward), by name: held as the engine holds them.
+  std::vector<std::string> keep_gathered_until_backward{};
+  // engine::set_gradient_sync(false) for every micro-batch of a step but its last (no-sync
+  // accumulation): full gradients stay until the last micro-batch reduces them.
+  bool no_sync = false;
 };
 
 // One ledger's predicted peaks, laid out like memory_ledger's.

@@ -4,7 +4,8 @@
 // so the result reads like a run's ledger. Every term but one is replayed exactly, since it
 // depends only on the schedule: the HookTracker's counts (track::use_counter itself runs here,
 // so a schedule the engine refuses is refused with the same words), full gradients and the
-// Reducer's buckets, reduce-scatter outputs, activations, gather_param staging, step().
+// Reducer's buckets (with no-sync accumulation, plan_options::no_sync), reduce-scatter outputs,
+// activations, gather_param staging, step().
 //
 // The one term that depends on the run is gathered_params: which gathers ahead the engine
 // admits (first fit, in request order, while resident elements stay within max_live_numel) and
@@ -18,11 +19,15 @@
 //   sequence of scopes, never on residency; trace_mirror.hpp):
 //    - a scope opens: both gather its own parameters; R gathers a subset of the requests ahead
 //      that U gathers all of; R may also evict (only shrinks R). So R ⊆ U after.
-//    - a scope closes / a hold ends: p leaves U iff p is unpinned, unheld and not kept by the
-//      Prefetcher; pins, holds and keeps are the same in both runs, so p leaves R then too.
+//    - a scope closes / a hold ends: p leaves U iff p is unpinned, unheld (binding or preferred)
+//      and not kept by the Prefetcher; pins, holds and keeps are the same in both runs, so p
+//      leaves R then too. (A preferred hold, engine/residency.hpp, may also be evicted from R:
+//      that only shrinks R.)
 //    - end_backward and step release everything unpinned from both.
-//   Let P(t) be the pinned (open scopes) and held (HookTracker) parameters: P ⊆ R, since both
-//   are gathered and never evictable. The engine keeps |R| ≤ max_live_numel (I5), or R is one
+//   Let P(t) be the pinned (open scopes) and bindingly held (HookTracker keeps_gathered)
+//   parameters: P ⊆ R, since both are gathered and never evictable. Preferred holds (the default
+//   tracker's recomputed modules, plan_options::keep_gathered_until_backward) are evictable, so
+//   they sit in U \ P like the Prefetcher's keeps. The engine keeps |R| ≤ max_live_numel (I5), or R is one
 //   oversized module alone (which the walk checks is the case, else the engine would throw).
 //   So R = P ∪ A with A ⊆ U \ P and |A| ≤ max_live_numel − |P|, and
 //      bytes(R) ≤ bytes(P) + max { bytes(A) : A ⊆ U \ P, |A| ≤ max_live_numel − |P| },
@@ -81,6 +86,11 @@ class plan_walk {
     holds_.assign(np, 0);
     full_grad_.assign(np, false);
     held_module_.assign(nm, false);
+    preferred_module_.assign(nm, false);
+    preferred_.assign(np, 0);
+    keep_.assign(nm, false);
+    for (const auto& name : opt.keep_gathered_until_backward) keep_[spec.module_by_name(name)] = true;
+    unsynced_.assign(np, false);
     tracker_.reset(spec);
   }
 
@@ -155,6 +165,8 @@ class plan_walk {
     const step_program& prog = schedule_.cycle[at];
     traffic_ = {};
     mirror_.begin_step(int(at));
+    micro_batches_left_ = 0;
+    for (const auto& e : prog.events) micro_batches_left_ += e.kind == event_kind::end_backward ? 1 : 0;
     for (std::size_t i = 0; i < prog.events.size(); ++i) {
       here_ = {s, at, i, 0, 0};
       try {
@@ -229,7 +241,7 @@ class plan_walk {
     account(p, +1);
   }
   void release_if_unused(param_id p) {
-    if (!resident_[p] || kept_fixed(p) || mirror_.keep(p)) return;
+    if (!resident_[p] || kept_fixed(p) || mirror_.keep(p) || preferred_[p] > 0) return;
     account(p, -1);
     resident_[p] = false;
   }
@@ -240,6 +252,18 @@ class plan_walk {
     for (param_id p : params(m)) {
       change(p, [&] { holds_[p] += held ? 1 : -1; });
       if (!held) release_if_unused(p);
+    }
+  }
+
+  // A preferred hold (engine/residency.hpp) keeps p resident like the Prefetcher's keep: in the
+  // free part of the bound (evictable under max_live_numel), never in the fixed part.
+  void set_preferred(module_id m, bool on) {
+    if (preferred_module_[m] == on) return;
+    preferred_module_[m] = on;
+    if (on) preferred_list_.push_back(m);
+    for (param_id p : params(m)) {
+      preferred_[p] += on ? 1 : -1;
+      if (!on) release_if_unused(p);
     }
   }
 
@@ -299,9 +323,11 @@ class plan_walk {
       --backward_open_[m];
       completed_.clear();
       tracker_.on_backward_done(m, completed_);
-      for (param_id p : completed_) grad_ready(p);
+      for (param_id p : completed_) complete(p);
     }
     set_held(m, tracker_.keeps_gathered(m));
+    // engine/training_controls.hpp's prefers_gathered: kept until its backward, or the tracker's
+    set_preferred(m, (keep_[m] && tracker_.pending_uses(m) > 0) || tracker_.prefers_gathered(m));
     for (param_id p : params(m)) {
       change(p, [&] { --pins_[p]; });
       release_if_unused(p);
@@ -315,11 +341,22 @@ class plan_walk {
     completed_.clear();
     swept_.clear();
     tracker_.on_end_backward(completed_, swept_);
-    for (param_id p : completed_) grad_ready(p);
+    for (param_id p : completed_) complete(p);
+    if (syncing()) {  // engine/grad_sync.hpp's end_backward: what earlier micro-batches held
+      for (param_id p : held_grads_)
+        if (unsynced_[p]) {
+          unsynced_[p] = false;
+          grad_ready(p);
+        }
+      held_grads_.clear();
+    }
+    --micro_batches_left_;
     here_.what = 4;
     flush();
     for (module_id m : held_list_) set_held(m, false);
     held_list_.clear();
+    for (module_id m : preferred_list_) set_preferred(m, false);
+    preferred_list_.clear();
     release_unpinned();
   }
 
@@ -332,6 +369,19 @@ class plan_walk {
       }
     resident_list_.clear();
     set(mem_category::gathered_params, gathered_bound());
+  }
+
+  // engine/grad_sync.hpp, replayed: with plan_options::no_sync every micro-batch of a step but
+  // the last holds its completed gradients (full, unreduced) for the next.
+  bool syncing() const { return !opt_.no_sync || micro_batches_left_ <= 1; }
+  void complete(param_id p) {
+    if (!syncing()) {
+      if (!unsynced_[p]) held_grads_.push_back(p);
+      unsynced_[p] = true;
+      return;
+    }
+    unsynced_[p] = false;
+    grad_ready(p);
   }
 
   // reduce::bucketed, replayed exactly (packs of small replicated gradients included).
@@ -507,6 +557,13 @@ class plan_walk {
   std::vector<int> pins_, holds_;
   std::vector<bool> held_module_;
   std::vector<module_id> held_list_;
+  std::vector<bool> preferred_module_;
+  std::vector<module_id> preferred_list_;
+  std::vector<int> preferred_;  // per parameter: modules under a preferred hold that list it
+  std::vector<bool> keep_;      // per module: plan_options::keep_gathered_until_backward
+  std::vector<bool> unsynced_;  // per parameter: a full gradient held by a no-sync micro-batch
+  std::vector<param_id> held_grads_;
+  int micro_batches_left_ = 0;  // in the step program being walked, this one included
   std::ptrdiff_t fixed_numel_ = 0, fixed_bytes_ = 0;  // P: pinned or held
   std::array<std::ptrdiff_t, 9> free_numel_{};        // U \ P, by bytes per element
   std::vector<param_id> ahead_, completed_, pending_;

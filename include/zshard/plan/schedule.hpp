@@ -154,7 +154,8 @@ struct training_schedule {
 };
 
 // Drives an engine through one step program, then eng.step(). `probe(eng, event)` runs after
-// each scope opens or closes (for tests and benches; default: nothing).
+// each scope opens or closes and after each begin_backward / end_backward (for tests and
+// benches, or to change settings between micro-batches; default: nothing).
 struct no_probe {
   template <class Engine>
   void operator()(Engine&, const schedule_event&) const noexcept {}
@@ -195,9 +196,11 @@ step_report run_program(Engine& eng, const step_program& program, Probe&& probe 
       }
       case event_kind::begin_backward:
         eng.begin_backward();
+        probe(eng, e);
         break;
       case event_kind::end_backward:
         eng.end_backward();
+        probe(eng, e);
         break;
       case event_kind::activations:
         eng.report_activations(e.bytes);

@@ -70,6 +70,8 @@ std::vector<std::string> step_boundary_violations(const Engine& eng) {
 // A tracker that does not report uses and nesting gets the bound that assumes every gradient
 // may wait. It never fires on a correct run; a Reducer that copies its bucket (the regression
 // I6 exists for) breaks it.
+// Once gradient sync was off (engine::set_gradient_sync), every trainable parameter's full
+// gradient may have waited: no-sync accumulation holds them until a synced micro-batch.
 template <class Engine>
 std::vector<std::string> memory_bound_violations(const Engine& eng) {
   std::vector<std::string> v;
@@ -124,6 +126,10 @@ std::vector<std::string> memory_bound_violations(const Engine& eng) {
     if (spec.param(p).trainable && eng.layout(p).replicated && eng.layout(p).numel <= cfg.reduce.replicated_pack_numel)
       packable += eng.layout(p).numel;
   const std::size_t pack = std::min(packable, cfg.reduce.replicated_pack_numel);
+  if constexpr (requires { eng.gradient_sync_was_off(); })
+    if (eng.gradient_sync_was_off())
+      for (param_id p = 0; p < spec.params().size(); ++p)
+        if (spec.param(p).trainable && !(waits[p] || listed[p] > 1)) waiting += eng.layout(p).padded_numel;
   const std::size_t bucket_bound =
       (std::max(cfg.reduce.reduce_bucket_numel, largest_param) + waiting + open_grads + pack) * sizeof(float);
   if (l.peak(mem_category::grad_buckets) > bucket_bound)

@@ -15,10 +15,14 @@
 //   on_end_backward(completed, swept)      I3: every use still pending is dropped and reported
 //                                          in `swept`; its parameters are appended to `completed`
 //   keeps_gathered(m) -> bool              asked after every scope of m closes: whether m's
-//                                          parameters must stay gathered (a binding hold, unlike
-//                                          a Prefetcher's advisory keep). The default holds a
+//                                          parameters must stay gathered (a binding hold: never
+//                                          evicted, so max_live_numel can fail on it). The
+//                                          default holds nothing bindingly.
+//   prefers_gathered(m) -> bool            optional, asked likewise: a preferred hold, kept while
+//                                          the budget allows and evicted (then gathered again)
+//                                          when a scope needs the room. The default prefers a
 //                                          recomputed module until its backward, which follows.
-//                                          Holds end at end_backward whatever it says (I3).
+//                                          Holds of both kinds end at end_backward (I3).
 //   on_step()                              I4: a violation of "nothing pending" is an error
 //   on_scope_failed(m, kind, backward)     optional: the scope just reported could not be opened
 //                                          (live budget, allocation); undo its count so that the

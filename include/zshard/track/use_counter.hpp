@@ -107,10 +107,15 @@ class use_counter {
                      "run begin_backward()/end_backward() after the last forward of the micro-batch");
   }
 
-  // Holds a recomputed module until its backward, which comes right after, so it is not
-  // gathered twice in a row. Nothing else is held: reuse across other modules is the
-  // Prefetcher's (advisory) call, so a tight max_live_numel never fails on a hold.
-  bool keeps_gathered(module_id m) const noexcept { return phase_ == step_phase::backward && awaiting_backward_[m]; }
+  // Holds a recomputed module until its backward, which usually comes right after, so it is not
+  // gathered twice in a row: a preferred hold, which yields to max_live_numel
+  // (engine/residency.hpp). Nothing is held bindingly: reuse across other modules is the
+  // Prefetcher's (advisory) call. So a tight max_live_numel never fails on a hold, nested
+  // activation checkpointing included (recomputed inner modules waiting for their backward
+  // while their siblings recompute: the engine releases them to make room and gathers them
+  // again for their backward).
+  bool keeps_gathered(module_id) const noexcept { return false; }
+  bool prefers_gathered(module_id m) const noexcept { return phase_ == step_phase::backward && awaiting_backward_[m]; }
 
   step_phase phase() const noexcept { return phase_; }
   std::int64_t pending_uses(module_id m) const noexcept { return module_pending_[m]; }

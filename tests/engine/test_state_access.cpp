@@ -1,0 +1,232 @@
+// State access (issue 19, point 4): a parameter's full value, gradient and optimizer state
+// across ranks, as collective calls bounded by one parameter. Checked against the float64
+// reference (feature_training.hpp) and against each other, with both Offloaders, with
+// parameters that are sharded unevenly and replicated, and with bad calls failing on every rank.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../support/error_capture.hpp"
+#include "feature_training.hpp"
+
+using namespace zshard;
+using test_support::kind_of;
+using test_support::message_of;
+
+namespace {
+
+struct host_offload : default_policies {
+  using offloader = offload::host_adam;
+};
+
+// The reference's gradient of the first step, mean over the global batch (float64).
+std::vector<std::vector<double>> reference_first_grads(const toy::train_options& o) {
+  toy::ids id;
+  const auto spec = toy::make_spec(o.model, id);
+  const auto& ps = spec.params();
+  std::vector<std::vector<double>> w(ps.size()), grad(ps.size());
+  for (std::size_t p = 0; p < ps.size(); ++p) {
+    for (std::size_t i = 0; i < ps[p].numel(); ++i) w[p].push_back(float(ps[p].init(std::int64_t(i))));
+    grad[p].assign(w[p].size(), 0.0);
+  }
+  const int D = o.model.dim, V = o.model.vocab;
+  const auto seq = toy::layer_sequence(o.model);
+  const auto global = toy::make_batch(V, 0, o.world * o.micro_batches * o.rows);
+  std::vector<double> h, logits, dlogits, dh;
+  toy::embed_forward(w[id.E].data(), global.tokens, D, h);
+  std::vector<std::vector<double>> xs, ts;
+  for (int l : seq) {
+    std::vector<double> t, y;
+    toy::layer_forward(w[id.W[l]].data(), w[id.b[l]].data(), l == 0 ? w[id.s[0]].data() : nullptr, h, D, t, y);
+    xs.push_back(h);
+    ts.push_back(t);
+    h = y;
+  }
+  toy::head_forward(w[id.E].data(), w[id.c].data(), h, V, D, logits);
+  toy::cross_entropy(logits, global.targets, V, 1.0, dlogits);
+  toy::head_backward(w[id.E].data(), h, dlogits, V, D, grad[id.E].data(), grad[id.c].data(), dh);
+  for (std::size_t u = seq.size(); u-- > 0;) {
+    const int l = seq[u];
+    std::vector<double> dx;
+    toy::layer_backward(w[id.W[l]].data(), l == 0 ? w[id.s[0]].data() : nullptr, xs[u], ts[u], dh, D,
+                        grad[id.W[l]].data(), grad[id.b[l]].data(), dx);
+    dh = dx;
+  }
+  toy::embed_backward(global.tokens, D, dh, grad[id.E].data());
+  return grad;
+}
+
+double rel_diff(const std::vector<float>& got, const std::vector<double>& want) {
+  double d = 0, n = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    d += std::pow(double(got[i]) - want[i], 2);
+    n += want[i] * want[i];
+  }
+  return std::sqrt(d) / std::sqrt(n);
+}
+
+template <class Policies>
+void gradient_and_moments_match_reference() {
+  toy::train_options o = toy::base_options(3);  // 3 ranks: uneven shards; biases replicated
+  o.micro_batches = 2;
+  const auto want = reference_first_grads(o);
+  run_ranks(o.world, [&](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine<host_backend, thread_comm, Policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
+    const auto global = toy::make_batch(o.model.vocab, 0, o.world * o.micro_batches * o.rows);
+    for (int mb = 0; mb < o.micro_batches; ++mb) {
+      feat::run_micro_batch(eng, o.model, id, toy::slice(global, (mb * o.world + comm.rank()) * o.rows, o.rows));
+      if (mb == 0)
+        CHECK(kind_of([&] { (void)eng.gather_optimizer_state(id.W[0], state_field::m); }) == error_kind::usage);
+    }
+    for (param_id p = 0; p < eng.spec().params().size(); ++p) {
+      if (!eng.spec().param(p).trainable) {
+        CHECK(message_of([&] { (void)eng.gather_grad(p); }).find("frozen") != std::string::npos);
+        continue;
+      }
+      INFO("parameter " << eng.spec().param(p).name);
+      CHECK(rel_diff(eng.gather_grad(p), want[p]) < 1e-5);
+    }
+    eng.step();
+    CHECK(kind_of([&] { (void)eng.gather_grad(id.E); }) == error_kind::usage);  // after the step: gone
+    // AdamW's first step: m = (1 - beta1) g, v = (1 - beta2) g^2 (no clipping here)
+    for (param_id p : {id.E, id.W[1], id.b[1]}) {
+      INFO("parameter " << eng.spec().param(p).name);
+      std::vector<double> m1, v1;
+      for (double g : want[p]) {
+        m1.push_back((1 - double(0.9f)) * g);
+        v1.push_back((1 - double(0.999f)) * g * g);
+      }
+      CHECK(rel_diff(eng.gather_optimizer_state(p, state_field::m), m1) < 1e-5);
+      CHECK(rel_diff(eng.gather_optimizer_state(p, state_field::v), v1) < 1e-5);
+      const auto master = eng.gather_optimizer_state(p, state_field::master);
+      CHECK(master == eng.gather_param(p));  // f32 working parameters: the same values
+    }
+  });
+}
+
+}  // namespace
+
+TEST_CASE("state access: the full gradient before the step and the moments after it equal float64") {
+  gradient_and_moments_match_reference<default_policies>();
+  gradient_and_moments_match_reference<host_offload>();
+}
+
+template <class Policies>
+void write_then_train() {
+  // Rank 1 writes new values into W0 (sharded) and b0 (replicated) and new moments into W2;
+  // training then continues from them exactly as the reference does from the same state.
+  feat::plan pl;
+  pl.base = toy::base_options(3);
+  pl.base.steps = 2;
+  const auto spec_for_sizes = [&] {
+    toy::ids id;
+    return toy::make_spec(pl.base.model, id);
+  }();
+  const std::size_t nW = spec_for_sizes.param(spec_for_sizes.param_by_name("W0")).numel();
+  const std::size_t nb = spec_for_sizes.param(spec_for_sizes.param_by_name("b0")).numel();
+  std::vector<float> W(nW), b(nb), m(nW, 0.01f), v(nW, 0.002f);
+  for (std::size_t i = 0; i < nW; ++i) W[i] = 0.05f * float(int(i % 7) - 3);
+  for (std::size_t i = 0; i < nb; ++i) b[i] = -0.02f * float(i);
+  std::mutex mu;
+  std::vector<std::vector<float>> got;
+  run_ranks(3, [&](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine<host_backend, thread_comm, Policies> eng(backend, comm, toy::make_spec(pl.base.model, id), pl.base.engine);
+    const bool writer = comm.rank() == 1;
+    eng.write_param(id.W[0], writer ? std::span<const float>(W) : std::span<const float>{}, 1);
+    eng.write_param(id.b[0], writer ? std::span<const float>(b) : std::span<const float>{}, 1);
+    eng.write_optimizer_state(id.W[2], state_field::m, writer ? std::span<const float>(m) : std::span<const float>{},
+                              1);
+    eng.write_optimizer_state(id.W[2], state_field::v, writer ? std::span<const float>(v) : std::span<const float>{},
+                              1);
+    CHECK(eng.gather_param(id.W[0]) == W);
+    CHECK(eng.gather_optimizer_state(id.W[0], state_field::master) == W);
+    CHECK(eng.gather_param(id.b[0]) == b);
+    CHECK(eng.gather_optimizer_state(id.W[2], state_field::v) == v);
+    const int per_step = pl.base.world * pl.base.rows;
+    for (int step = 0; step < pl.base.steps; ++step) {
+      const auto global = toy::make_batch(pl.base.model.vocab, std::uint64_t(step), per_step);
+      feat::run_micro_batch(eng, pl.base.model, id, toy::slice(global, comm.rank() * pl.base.rows, pl.base.rows));
+      eng.step();
+    }
+    std::vector<std::vector<float>> params;
+    for (param_id p = 0; p < eng.spec().params().size(); ++p) params.push_back(eng.gather_param(p));
+    if (comm.rank() == 0) {
+      std::lock_guard lock(mu);
+      got = params;
+    }
+  });
+  // the reference starts from the written state (its own copy, not the engine's)
+  toy::ids id;
+  const auto spec = toy::make_spec(pl.base.model, id);
+  feat::reference_model r = feat::reference_init(pl, spec);
+  r.master[id.W[0]].assign(W.begin(), W.end());
+  r.master[id.b[0]].assign(b.begin(), b.end());
+  r.m[id.W[2]].assign(m.begin(), m.end());
+  r.v[id.W[2]].assign(v.begin(), v.end());
+  const auto want = feat::train_reference(pl, r);
+  for (std::size_t p = 0; p < want.params.size(); ++p) {
+    INFO("parameter " << spec.param(param_id(p)).name);
+    std::vector<double> w(want.params[p].begin(), want.params[p].end());
+    CHECK(rel_diff(got[p], w) < 1e-5);
+  }
+}
+
+TEST_CASE("state access: a value and moments written by one rank; training continues as float64 does") {
+  write_then_train<default_policies>();
+  write_then_train<host_offload>();
+}
+
+TEST_CASE("state access: bad calls fail on every rank alike, none hangs") {
+  run_ranks(2, [](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec({}, id), {});
+    const std::vector<float> short_value(3, 1.0f);
+    // the writer passes a wrong size: every rank learns it
+    CHECK(message_of([&] { eng.write_param(id.W[0], short_value, 0); }).find("wrong size") != std::string::npos);
+    CHECK(message_of([&] { eng.write_param(id.W[0], {}, 5); }).find("not in a world of 2") != std::string::npos);
+    // ranks naming different writers
+    CHECK(message_of([&] { eng.write_param(id.W[0], {}, comm.rank()); }).find("different arguments") !=
+          std::string::npos);
+    CHECK(message_of([&] { (void)eng.gather_optimizer_state(id.s[0], state_field::m); }).find("is frozen") !=
+          std::string::npos);  // frozen since registration
+    CHECK(kind_of([&] { eng.write_optimizer_state(id.W[0], state_field::master, {}, 0); }) == error_kind::usage);
+    CHECK(kind_of([&] { (void)eng.gather_grad(id.W[0]); }) == error_kind::usage);  // no backward yet
+    {
+      auto g = eng.forward(id.embed);
+      CHECK(message_of([&] { eng.write_param(id.E, {}, 0); }).find("during a step") != std::string::npos);
+    }
+    eng.begin_backward();
+    { auto g = eng.backward(id.embed); }
+    eng.end_backward();
+    eng.step();
+    // the engine is still usable after all of that
+    CHECK(eng.gather_param(id.E).size() == eng.spec().param(id.E).numel());
+  });
+}
+
+TEST_CASE("state access under hybrid sharding: a rank of any shard group writes, every group takes the value") {
+  toy::ids id;
+  const auto spec = toy::make_spec({}, id);
+  const std::size_t n = spec.param(id.W[0]).numel();
+  std::vector<float> W(n);
+  for (std::size_t i = 0; i < n; ++i) W[i] = 0.01f * float(int(i % 11) - 5);
+  run_ranks(4, [&](thread_comm& comm) {
+    host_backend backend;
+    engine_config cfg;
+    cfg.hybrid.shard_group_size = 2;  // two shard groups of two ranks, replicated across them
+    engine<host_backend, thread_comm> eng(backend, comm, spec, cfg);
+    const bool writer = comm.rank() == 3;  // a world rank in the second group
+    eng.write_param(id.W[0], writer ? std::span<const float>(W) : std::span<const float>{}, 3);
+    CHECK(eng.gather_param(id.W[0]) == W);
+    CHECK(eng.gather_optimizer_state(id.W[0], state_field::master) == W);
+    CHECK(message_of([&] { eng.write_param(id.W[0], {}, 4); }).find("not in a world of 4") != std::string::npos);
+  });
+}
