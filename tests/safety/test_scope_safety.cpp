@@ -153,7 +153,7 @@ TEST_CASE("an engine destroyed with a scope open detaches it and says so; the sc
 }
 
 #if defined(__SANITIZE_ADDRESS__)
-TEST_CASE("ASan: a parameter view read after its scope closed is reported as a use after free") {
+TEST_CASE("ASan: a parameter view read after its scope closed is reported as a use after release") {
   int out[2];
   REQUIRE(pipe(out) == 0);
   const pid_t child = fork();
@@ -178,7 +178,9 @@ TEST_CASE("ASan: a parameter view read after its scope closed is reported as a u
   waitpid(child, &status, 0);
   INFO(err.substr(0, 400));
   CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 0));
-  CHECK(err.find("heap-use-after-free") != std::string::npos);
+  // The host backend's block cache keeps a freed block and ASan-poisons it (use-after-poison);
+  // a block returned to the heap reads as heap-use-after-free. Either way the read is caught.
+  CHECK((err.find("use-after-poison") != std::string::npos || err.find("heap-use-after-free") != std::string::npos));
 }
 #else
 TEST_CASE("ASan: a parameter view read after its scope closed is reported (runs in the asan preset)") {
