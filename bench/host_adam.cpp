@@ -89,7 +89,10 @@ void fill(float* x, std::size_t n, float lo, float hi, std::uint64_t seed) {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512 opaque512(__m512 x) {
-  __asm__("" : "+v"(x));  // the compiler cannot see that the value is stored back unchanged
+  // The compiler cannot see that the value is stored back unchanged. volatile: the statement is
+  // kept even where its result is unused (the f32 ceiling loads g and stores nothing from it);
+  // without it g's load was deleted and that "28-byte" ceiling moved 24 bytes.
+  __asm__ volatile("" : "+v"(x));
   return x;
 }
 // out null: the f32 ceiling (28 bytes), g is loaded and kept opaque but nothing is stored from it.
@@ -115,7 +118,7 @@ __attribute__((target("avx512f,avx512bw"))) void same_bytes_avx512(float* p, con
   }
 }
 __attribute__((target("avx2"), always_inline)) inline __m256 opaque256(__m256 x) {
-  __asm__("" : "+x"(x));
+  __asm__ volatile("" : "+x"(x));  // volatile: see opaque512
   return x;
 }
 __attribute__((target("avx2"))) void same_bytes_avx2(float* p, const float* g, float* m, float* v, std::uint16_t* out,

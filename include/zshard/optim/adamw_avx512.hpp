@@ -7,6 +7,7 @@
 // differs from to_bf16 only by flushing f32 subnormals to zero (see adamw_simd_common.hpp).
 // f16 uses VCVTPS2PH with round-to-nearest-even, exactly to_f16.
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "zshard/core/dtype.hpp"
@@ -103,19 +104,46 @@ ZSHARD_AVX512_INLINE void update(const lanes& k, __m512& master, __m512& m, __m5
 // `span` vectors per iteration, software-pipelined by hand: every load of the group is issued
 // before the first division, so the loads of later vectors are in flight while the divider
 // works (one vector at a time left the core's window full of operations waiting on the divider
-// and the memory streams idle: about 0.7 of the same-bytes ceiling at one thread).
+// and the memory streams idle: about 0.7 of the same-bytes ceiling at one thread). The group
+// also prefetches its streams simd::prefetch_distance elements ahead (see there).
 inline constexpr std::size_t span = 4;
+// Unrolled at every optimisation level (GCC's -O2 keeps these loops and moves the vectors
+// through the stack), so the group's vectors stay in registers.
+#define ZSHARD_UNROLL_SPAN _Pragma("GCC unroll 4")
 
-template <class W>
-ZSHARD_AVX512_INLINE void update_group(const lanes& k, float* master, float* m, float* v, const float* grad, W* out) {
-  __m512 p[span], mo[span], va[span], g[span];
+// A read prefetch simd::prefetch_distance elements past p. The address is formed as an integer:
+// near the end of an array it lies past the end, where a prefetch may point (it never faults)
+// but pointer arithmetic may not.
+ZSHARD_AVX512_INLINE void prefetch_ahead(const float* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(p) + simd::prefetch_distance * sizeof(float)),
+               _MM_HINT_T0);
+}
+
+ZSHARD_AVX512_INLINE void load_group(float* master, float* m, float* v, const float* grad, __m512 (&p)[span],
+                                     __m512 (&mo)[span], __m512 (&va)[span], __m512 (&g)[span]) {
+  ZSHARD_UNROLL_SPAN
+  for (std::size_t j = 0; j < span; ++j) {
+    prefetch_ahead(grad + 16 * j);
+    prefetch_ahead(m + 16 * j);
+    prefetch_ahead(v + 16 * j);
+    prefetch_ahead(master + 16 * j);
+  }
+  ZSHARD_UNROLL_SPAN
   for (std::size_t j = 0; j < span; ++j) {
     g[j] = _mm512_loadu_ps(grad + 16 * j);
     mo[j] = _mm512_loadu_ps(m + 16 * j);
     va[j] = _mm512_loadu_ps(v + 16 * j);
     p[j] = _mm512_loadu_ps(master + 16 * j);
   }
+}
+
+template <class W>
+ZSHARD_AVX512_INLINE void update_group(const lanes& k, float* master, float* m, float* v, const float* grad, W* out) {
+  __m512 p[span], mo[span], va[span], g[span];
+  load_group(master, m, v, grad, p, mo, va, g);
+  ZSHARD_UNROLL_SPAN
   for (std::size_t j = 0; j < span; ++j) update(k, p[j], mo[j], va[j], g[j]);
+  ZSHARD_UNROLL_SPAN
   for (std::size_t j = 0; j < span; ++j) {
     _mm512_storeu_ps(m + 16 * j, mo[j]);
     _mm512_storeu_ps(v + 16 * j, va[j]);
@@ -149,13 +177,10 @@ ZSHARD_AVX512_BF16 inline void adamw_update_bf16_native(const adamw_step& s, flo
   std::size_t i = 0;
   for (; i + 16 * span <= n; i += 16 * span) {
     __m512 p[span], mo[span], va[span], g[span];
-    for (std::size_t j = 0; j < span; ++j) {
-      g[j] = _mm512_loadu_ps(grad + i + 16 * j);
-      mo[j] = _mm512_loadu_ps(m + i + 16 * j);
-      va[j] = _mm512_loadu_ps(v + i + 16 * j);
-      p[j] = _mm512_loadu_ps(master + i + 16 * j);
-    }
+    load_group(master + i, m + i, v + i, grad + i, p, mo, va, g);
+    ZSHARD_UNROLL_SPAN
     for (std::size_t j = 0; j < span; ++j) update(k, p[j], mo[j], va[j], g[j]);
+    ZSHARD_UNROLL_SPAN
     for (std::size_t j = 0; j < span; ++j) {
       _mm512_storeu_ps(m + i + 16 * j, mo[j]);
       _mm512_storeu_ps(v + i + 16 * j, va[j]);
@@ -191,6 +216,7 @@ ZSHARD_AVX512_BF16 inline void convert_bf16_native(const float* src, bf16* dst, 
 
 }  // namespace zshard::optim::avx512
 
+#undef ZSHARD_UNROLL_SPAN
 #undef ZSHARD_AVX512_BF16
 #undef ZSHARD_AVX512_INLINE
 #undef ZSHARD_AVX512
