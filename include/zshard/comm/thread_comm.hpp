@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "zshard/comm/adaptive_spin.hpp"
 #include "zshard/comm/communicator.hpp"
 
 namespace zshard {
@@ -44,19 +45,6 @@ namespace zshard {
 inline constexpr std::chrono::milliseconds default_comm_timeout{60'000};
 
 namespace detail {
-
-// How many pauses a rank that arrived early spins before it sleeps: enough to catch peers that
-// arrive together (lock-step training), few enough that a rank waiting on a slow or
-// descheduled peer gives its core back at once.
-inline constexpr unsigned rendezvous_spins = 16;
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
 
 enum class collective : std::uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, barrier };
 
@@ -172,7 +160,12 @@ class thread_comm;
 class thread_world {
  public:
   explicit thread_world(int size, std::chrono::milliseconds timeout = default_comm_timeout)
-      : size_(size), timeout_(timeout), ranks_(static_cast<std::size_t>(size > 0 ? size : 0)) {
+      : size_(size),
+        timeout_(timeout),
+        ranks_(static_cast<std::size_t>(size > 0 ? size : 0)),
+        spin_(ranks_.size()),
+        spin_started_(ranks_.size()),
+        cpus_(ranks_.size()) {
     ZSHARD_REQUIRE(size > 0, error_kind::usage, "thread_world size must be at least 1, got " + std::to_string(size));
     ZSHARD_REQUIRE(timeout.count() > 0, error_kind::usage, "thread_world timeout must be positive");
   }
@@ -280,6 +273,7 @@ class thread_world {
   // One rendezvous of `rank`. `publish` is set on a collective's first rendezvous (its
   // arguments); `last` on its final one (after which no rank reads a peer's buffers).
   void rendezvous(int rank, detail::collective what, const detail::comm_slot* publish, bool last) {
+    const computing_again_on_exit computing{cpus_, static_cast<std::size_t>(rank)};
     std::unique_lock lk(m_);
     rank_state& me = ranks_[static_cast<std::size_t>(rank)];
     me.busy = false;
@@ -309,7 +303,7 @@ class thread_world {
       if (publish && !mismatch_.empty()) poison_locked(-1, mismatch_);
       cv_.notify_all();
       generation_.store(gen + 1, std::memory_order_release);  // last: spinners may leave at once
-    } else if (lk.unlock(); spin_until_advanced(gen)) {
+    } else if (lk.unlock(); spin_until_advanced(rank, gen)) {
       // The last rank published everything this rank reads next (slots, busy flags, mismatch_)
       // before its release store of the generation, which spin_until_advanced acquired.
     } else {
@@ -336,6 +330,7 @@ class thread_world {
                     "returned early or hangs stops the others. Raise the thread_world timeout only if ranks are "
                     "legitimately slow");
       }
+      learn_wait(rank);
     }
     // mismatch_ is stable here: it is rewritten only by a rendezvous this rank has not joined yet.
     if (publish && !mismatch_.empty())
@@ -345,17 +340,23 @@ class thread_world {
           "every rank must call the same collectives in the same order with the same count, dtype, op and root");
   }
 
-  // Spins until the generation leaves `gen`, at most detail::rendezvous_spins pauses (about a
-  // microsecond); true if it left. Called without m_. Not at all when ranks outnumber hardware
-  // threads. Longer spins measured worse on a loaded machine (a spinning rank holds the core the
-  // late rank needs; yielding instead starved it for milliseconds per collective).
-  bool spin_until_advanced(std::uint64_t gen) const noexcept {
+  // Spins until the generation leaves `gen`, at most rank's learned budget (adaptive_spin.hpp);
+  // true if it left. Called without m_. Not at all when ranks outnumber hardware threads: then
+  // a spinning rank always holds a core a late rank needs.
+  bool spin_until_advanced(int rank, std::uint64_t gen) {
     if (crowded_) return false;
-    for (unsigned i = 0; i < detail::rendezvous_spins; ++i) {
-      if (generation_.load(std::memory_order_acquire) != gen) return true;
-      detail::cpu_relax();
-    }
-    return generation_.load(std::memory_order_acquire) != gen;
+    const auto r = static_cast<std::size_t>(rank);
+    const int cpu = detail::current_cpu();
+    spin_[r].check_contention();
+    spin_started_[r] = detail::adaptive_spin::clock::now();
+    return spin_[r].spin([&] { return generation_.load(std::memory_order_acquire) != gen; },
+                         [&] { return cpus_.peer_computing_on(r, cpu); }, spin_started_[r]);
+  }
+  // A wait that the spin did not catch has just ended (the rank slept): its length teaches the budget.
+  void learn_wait(int rank) {
+    if (crowded_) return;
+    const auto r = static_cast<std::size_t>(rank);
+    spin_[r].learn(detail::adaptive_spin::clock::now() - spin_started_[r], /*caught=*/false);
   }
 
   const detail::comm_slot& slot(int q) const noexcept { return ranks_[static_cast<std::size_t>(q)].slot; }
@@ -390,6 +391,21 @@ class thread_world {
   int arrived_ = 0;
   // Written under m_ (by the last rank into a rendezvous); read by spinning ranks without it.
   std::atomic<std::uint64_t> generation_{0};
+  // Each rank's spin budget and the start of its current spin: touched only by that rank's
+  // thread (a rank is used from one thread at a time), so they need no lock.
+  std::vector<detail::adaptive_spin> spin_;
+  std::vector<detail::adaptive_spin::clock::time_point> spin_started_;
+  detail::running_cpus cpus_;
+  // Marks a rank as waiting while it is inside rendezvous(), and where it computes once it leaves
+  // (also when it leaves by an exception).
+  struct computing_again_on_exit {
+    detail::running_cpus& cpus;
+    std::size_t rank;
+    computing_again_on_exit(detail::running_cpus& c, std::size_t r) : cpus(c), rank(r) { cpus.waiting(rank); }
+    ~computing_again_on_exit() { cpus.computing(rank); }
+    computing_again_on_exit(const computing_again_on_exit&) = delete;
+    computing_again_on_exit& operator=(const computing_again_on_exit&) = delete;
+  };
   const bool crowded_ = std::thread::hardware_concurrency() != 0 &&
                         static_cast<unsigned>(size_) > std::thread::hardware_concurrency();
   std::string mismatch_;
