@@ -61,8 +61,8 @@ void convert_tail(const float* src, W* dst, std::size_t n) noexcept {
 // How far ahead of the vector being updated the kernels prefetch their four input streams (g,
 // m, v, master), in elements: 2 KiB per stream. With the update's arithmetic between loads, the
 // core's window holds too few outstanding loads for the hardware prefetcher alone to keep
-// memory busy (8M parameters, one thread: 0.88 of the same-bytes ceiling without, 1.02 with;
-// 1 KiB and 4 KiB measured within 3% of 2 KiB).
+// memory busy (host_adam, 8M parameters, one thread: about 0.87 of the same-bytes ceiling
+// without, 0.98 with; 1 KiB and 4 KiB measured the same as 2 KiB within the noise).
 inline constexpr std::size_t prefetch_distance = 512;
 
 // Offsets a working-copy pointer; void (no write-back) stays null.
