@@ -370,6 +370,9 @@ class thread_world {
       auto& entry = splits_[{seq, color}];
       if (!entry.first) {
         entry = {std::make_shared<thread_world>(members, timeout_), members};
+        // A group's ranks share the cores with every other rank of this world: a group of 2 out
+        // of 4 ranks on 2 cores is as crowded as its parent, and must not spin either.
+        entry.first->crowded_ = entry.first->crowded_ || crowded_;
         children_.push_back(entry.first);
       }
       w = entry.first;
@@ -406,8 +409,9 @@ class thread_world {
     computing_again_on_exit(const computing_again_on_exit&) = delete;
     computing_again_on_exit& operator=(const computing_again_on_exit&) = delete;
   };
-  const bool crowded_ = std::thread::hardware_concurrency() != 0 &&
-                        static_cast<unsigned>(size_) > std::thread::hardware_concurrency();
+  // More ranks than hardware threads (in this world or, for a split's group, its parent): never spin.
+  bool crowded_ = std::thread::hardware_concurrency() != 0 &&
+                  static_cast<unsigned>(size_) > std::thread::hardware_concurrency();
   std::string mismatch_;
   bool poisoned_ = false;
   int origin_ = -1;
