@@ -535,7 +535,7 @@ class engine {
   // the fingerprint is restored, so a failed open leaves the engine as it was.
   void enter_scope(module_id m, use_kind kind, bool is_backward) {
     rethrow_if_unusable();
-    engine_checks::module_id_in_range(spec_, m);
+    engine_checks::module_id_in_range(spec_, m, "engine scope (forward/recompute/backward)");
     scopes_.check_can_open(spec_, m, is_backward);
     if (is_backward)  // a usage error here changes nothing
       tracker_.on_backward(m);
@@ -553,7 +553,7 @@ class engine {
       prefetcher_.on_scope_enter(m, kind, ahead_);
       stage = 1;
       {
-        trace_span t(trace_, "gather", ahead_.empty() ? "gather" : "gather + prefetch", spec_.module(m).name);
+        trace_span t(trace_, "gather", ahead_.empty() ? "gather" : "gather + prefetch", spec_.modules()[m].name);
         residency_.open(m, ahead_, store_.collective_context);
       }
       stage = 2;
@@ -577,7 +577,7 @@ class engine {
 
   void make_full_grads(module_id m) {
     auto& compute = store_.streams().on(stream_role::compute);
-    for (param_id p : spec_.module(m).params) {
+    for (param_id p : spec_.modules()[m].params) {  // m checked by enter_scope
       auto& s = store_[p];
       if (!s.spec->trainable || s.full_grad) continue;
       s.full_grad = buffer<Backend>(backend_, dtype::f32, s.layout.padded_numel, mem_category::grad_buckets, compute);
@@ -612,15 +612,15 @@ class engine {
     sc->end();
     scopes_.ended(sc, m, is_backward);
     try {
-      if (trace_) [[unlikely]] trace_->scope_close(m, is_backward, spec_.module(m).name);
+      if (trace_) [[unlikely]] trace_->scope_close(m, is_backward, spec_.modules()[m].name);
       store_.streams().note_work(stream_role::compute);  // the scope's own kernels, before any reduction of them
       if (is_backward) {
         completed_.clear();
         tracker_.on_backward_done(m, completed_);
-        trace_span t(trace_, "reduce", "reduce-scatter", spec_.module(m).name);
+        trace_span t(trace_, "reduce", "reduce-scatter", spec_.modules()[m].name);
         for (param_id p : completed_) ctl_.sync.complete(p, reduce_);
       }
-      trace_span t(trace_, "release", "release", spec_.module(m).name);
+      trace_span t(trace_, "release", "release", spec_.modules()[m].name);
       residency_.close(m, tracker_.keeps_gathered(m), controls::prefers_gathered(*this, m));
     } catch (...) {
       broken_ = std::current_exception();

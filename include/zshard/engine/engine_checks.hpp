@@ -14,16 +14,13 @@
 
 namespace zshard::engine_checks {
 
-inline void module_id_in_range(const model_spec& spec, module_id m) {
-  (void)spec.module(m);  // a usage error when m is out of range
+// Ids in range and of this engine's model (a bound id of another model_spec is a usage error
+// naming both specs; see model/spec_id.hpp).
+inline void module_id_in_range(const model_spec& spec, module_id m, const char* where = "engine scope") {
+  (void)spec.check(m, where);
 }
 
-inline void param_id_in_range(const model_spec& spec, param_id p, const char* where) {
-  ZSHARD_REQUIRE(p < spec.params().size(), error_kind::usage,
-                 std::string(where) + ": parameter id " + std::to_string(p) + " does not exist: the model has " +
-                     std::to_string(spec.params().size()) + " parameters",
-                 "pass an id returned by this model_spec's add_param()");
-}
+inline void param_id_in_range(const model_spec& spec, param_id p, const char* where) { (void)spec.check(p, where); }
 
 inline std::string scope_name(const model_spec& spec, module_id m, use_kind kind, bool backward) {
   return (backward ? std::string("backward") : "forward (" + std::string(to_string(kind)) + ")") + " of module '" +

@@ -134,7 +134,8 @@ class residency {
     typename stream_roles<Backend>::mark gather_done{};
   };
 
-  const std::vector<param_id>& params(module_id m) const { return store_.spec().module(m).params; }
+  // Unchecked: m was checked where the engine took it.
+  const std::vector<param_id>& params(module_id m) const { return store_.spec().modules()[m].params; }
 
   // Gathered but neither in use nor held: released when no scope uses it (unless the Prefetcher
   // keeps it), and the first to go when a scope needs room.

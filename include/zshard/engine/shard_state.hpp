@@ -59,7 +59,7 @@ class shard_state {
  private:
   static auto& slot(Engine& e, param_id p, state_field f, std::size_t offset, std::size_t n) {
     e.check_between_steps("parameter state access");
-    ZSHARD_REQUIRE(p < e.store_.size(), error_kind::usage, "parameter id " + std::to_string(p) + " does not exist");
+    e.spec_.check(p, "parameter state access");  // in range and of this engine's model
     auto& s = e.store_[p];
     ZSHARD_REQUIRE(offset + n <= s.layout.shard_numel, error_kind::usage,
                    "state access of elements [" + std::to_string(offset) + ", " + std::to_string(offset + n) +

@@ -4,12 +4,22 @@
 // listed by several modules (tied embeddings); the engine then treats its gradient as complete
 // only after every counted use's backward has run.
 //
+// Every spec has a process-unique serial, and the ids it hands out carry it (model/spec_id.hpp):
+// an id of another spec is a usage error wherever an id is taken, even when its index is in
+// range. A copy keeps the serial of its source: it describes the same model (an engine keeps a
+// copy of the spec it was built on, and the user's ids must work on it). A moved-to spec takes
+// the serial over; the moved-from spec is empty and gets a fresh serial. A copy that is then
+// extended with more parameters or modules still shares its source's serial: ids are checked
+// by serial and range only.
+//
 // Initialisation is a function of the global element index, so the model is identical
 // whatever the world size: rank r initialises exactly the elements of its shard.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -19,11 +29,9 @@
 #include "zshard/core/error.hpp"
 #include "zshard/core/shape.hpp"
 #include "zshard/model/init.hpp"
+#include "zshard/model/spec_id.hpp"
 
 namespace zshard {
-
-using param_id = std::uint32_t;
-using module_id = std::uint32_t;
 
 struct param_options {
   std::optional<dtype> type;  // working dtype; unset: the engine config's param_dtype
@@ -49,6 +57,33 @@ struct module_spec {
 
 class model_spec {
  public:
+  model_spec() = default;
+  model_spec(const model_spec&) = default;  // the same model: keeps the serial, so its ids stay valid
+  model_spec& operator=(const model_spec&) = default;
+  model_spec(model_spec&& o) noexcept
+      : serial_(o.serial_),
+        params_(std::move(o.params_)),
+        modules_(std::move(o.modules_)),
+        param_index_(std::move(o.param_index_)),
+        module_index_(std::move(o.module_index_)) {
+    o.reset_moved_from();
+  }
+  model_spec& operator=(model_spec&& o) noexcept {
+    if (this != &o) {
+      serial_ = o.serial_;
+      params_ = std::move(o.params_);
+      modules_ = std::move(o.modules_);
+      param_index_ = std::move(o.param_index_);
+      module_index_ = std::move(o.module_index_);
+      o.reset_moved_from();
+    }
+    return *this;
+  }
+  ~model_spec() = default;
+
+  // This spec's identity: process-unique, shared by its copies, never 0 (param_id::unbound).
+  std::uint32_t serial() const noexcept { return serial_; }
+
   param_id add_param(const std::string& name, zshard::shape s, param_options opt = {}) {
     ZSHARD_REQUIRE(!name.empty(), error_kind::config, "a parameter needs a name");
     ZSHARD_REQUIRE(s.numel() > 0, error_kind::config, "parameter '" + name + "' has no elements",
@@ -56,7 +91,8 @@ class model_spec {
     ZSHARD_REQUIRE(!param_index_.contains(name), error_kind::config, "parameter '" + name + "' is registered twice",
                    "register each parameter once and list its id in every module that uses it (shared weights)");
     if (!opt.init) opt.init = init::normal(0.0f, 0.02f, hash_name(name));
-    const auto id = static_cast<param_id>(params_.size());
+    ZSHARD_REQUIRE(params_.size() < std::uint32_t(-1), error_kind::config, "too many parameters");
+    const param_id id(static_cast<std::uint32_t>(params_.size()), serial_);
     params_.push_back({name, s, opt.type, opt.trainable, opt.decay, std::move(opt.init)});
     param_index_.emplace(name, id);
     return id;
@@ -67,15 +103,19 @@ class model_spec {
     ZSHARD_REQUIRE(!module_index_.contains(name), error_kind::config, "module '" + name + "' is registered twice");
     // Duplicates through a hash set: linear in the module's parameters (a module of thousands
     // of parameters, a flattened model say, must not cost a quadratic scan).
-    std::unordered_set<param_id> seen;
+    std::unordered_set<std::uint32_t> seen;
     seen.reserve(params.size());
-    for (param_id p : params) {
+    for (param_id& p : params) {
+      if (p.bound() && p.spec_serial() != serial_) [[unlikely]]
+        foreign("add_module('" + name + "')", "parameter", p.index(), p.spec_serial(), params_.size());
       ZSHARD_REQUIRE(p < params_.size(), error_kind::config,
                      "module '" + name + "' names parameter id " + std::to_string(p) + " which does not exist");
       ZSHARD_REQUIRE(seen.insert(p).second, error_kind::config,
                      "module '" + name + "' lists parameter '" + params_[p].name + "' twice");
+      p = param_id(p.index(), serial_);  // module(m).params hands out bound ids
     }
-    const auto id = static_cast<module_id>(modules_.size());
+    ZSHARD_REQUIRE(modules_.size() < std::uint32_t(-1), error_kind::config, "too many modules");
+    const module_id id(static_cast<std::uint32_t>(modules_.size()), serial_);
     modules_.push_back({name, std::move(params)});
     module_index_.emplace(name, id);
     return id;
@@ -83,24 +123,49 @@ class model_spec {
 
   const std::vector<param_spec>& params() const noexcept { return params_; }
   const std::vector<module_spec>& modules() const noexcept { return modules_; }
-  // Checked: an id out of range is a usage error (the check is one compare on this hot path;
-  // the message is built out of line).
-  const param_spec& param(param_id p) const {
-    if (p >= params_.size()) [[unlikely]]
-      no_such("parameter", p, params_.size());
-    return params_[p];
+  // The ids of every parameter / module, bound to this spec: `for (param_id p : spec.param_ids())`.
+  id_range<param_id> param_ids() const noexcept {
+    return {param_id(0, serial_), static_cast<std::uint32_t>(params_.size())};
   }
-  const module_spec& module(module_id m) const {
-    if (m >= modules_.size()) [[unlikely]]
-      no_such("module", m, modules_.size());
-    return modules_[m];
+  id_range<module_id> module_ids() const noexcept {
+    return {module_id(0, serial_), static_cast<std::uint32_t>(modules_.size())};
   }
+
+  // The checks every entry point that takes an id makes: a bound id must come from this spec
+  // (or a copy of it), and any id must be in range; otherwise a usage error that names `where`.
+  // Both are a compare or two on hot paths (the scopes); the messages are built out of line.
+  // Returns the id bound to this spec.
+  param_id check(param_id p, const char* where = "model_spec::param") const {
+    check_owner(p, where);
+    if (p.index() >= params_.size()) [[unlikely]]
+      no_such(where, "parameter", p.index(), params_.size());
+    return param_id(p.index(), serial_);
+  }
+  module_id check(module_id m, const char* where = "model_spec::module") const {
+    check_owner(m, where);
+    if (m.index() >= modules_.size()) [[unlikely]]
+      no_such(where, "module", m.index(), modules_.size());
+    return module_id(m.index(), serial_);
+  }
+
+  // The identity half alone (for callers that report ranges themselves, as the planner does).
+  void check_owner(param_id p, const char* where) const {
+    if (p.bound() && p.spec_serial() != serial_) [[unlikely]]
+      foreign(where, "parameter", p.index(), p.spec_serial(), params_.size());
+  }
+  void check_owner(module_id m, const char* where) const {
+    if (m.bound() && m.spec_serial() != serial_) [[unlikely]]
+      foreign(where, "module", m.index(), m.spec_serial(), modules_.size());
+  }
+
+  // Checked as above.
+  const param_spec& param(param_id p) const { return params_[check(p, "model_spec::param").index()]; }
+  const module_spec& module(module_id m) const { return modules_[check(m, "model_spec::module").index()]; }
 
   // Freezes or unfreezes a registered parameter. An engine's copy changes only through
   // engine::set_trainable (between steps, on every rank); before an engine exists, set it here.
   void set_trainable(param_id p, bool trainable) {
-    param(p);  // the range check
-    params_[p].trainable = trainable;
+    params_[check(p, "model_spec::set_trainable").index()].trainable = trainable;
   }
 
   param_id param_by_name(const std::string& name) const {
@@ -148,19 +213,54 @@ class model_spec {
     }
     for (const auto& m : modules_) {
       mix(hash_name(m.name));
-      for (param_id p : m.params) mix(p);
+      for (param_id p : m.params) mix(p.index());  // indices only: the serial differs between ranks' specs
       mix(~0ull);
     }
     return h;
   }
 
  private:
-  [[noreturn, gnu::cold, gnu::noinline]] static void no_such(const char* what, std::size_t id, std::size_t count) {
-    throw error(error_kind::usage, std::string(what) + " id " + std::to_string(id) + " does not exist: the model has " +
-                                       std::to_string(count) + " " + what + "s",
-                "pass an id returned by this model_spec's add_" + std::string(what == std::string("module") ? "module" : "param") + "()");
+  static std::uint32_t next_serial() noexcept {
+    static std::atomic<std::uint32_t> counter{0};
+    std::uint32_t s = counter.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (s == param_id::unbound) s = counter.fetch_add(1, std::memory_order_relaxed) + 1;  // after 2^32 specs
+    return s;
   }
 
+  void reset_moved_from() noexcept {
+    serial_ = next_serial();  // empty now: the ids of the model it held belong to the moved-to spec
+    params_.clear();
+    modules_.clear();
+    param_index_.clear();
+    module_index_.clear();
+  }
+
+  static std::string add_fn(const char* what) {
+    return std::string(what) == "module" ? "add_module()/module_by_name()/module_ids()"
+                                         : "add_param()/param_by_name()/param_ids()";
+  }
+
+  [[noreturn, gnu::cold, gnu::noinline]] static void no_such(const char* where, const char* what, std::size_t id,
+                                                            std::size_t count) {
+    throw error(error_kind::usage,
+                std::string(where) + ": " + what + " id " + std::to_string(id) + " does not exist: the model has " +
+                    std::to_string(count) + " " + what + "s",
+                "pass an id returned by this model_spec's " + add_fn(what));
+  }
+
+  [[noreturn, gnu::cold, gnu::noinline]] void foreign(std::string_view where, const char* what, std::size_t id,
+                                                      std::uint32_t other, std::size_t count) const {
+    throw error(error_kind::usage,
+                std::string(where) + ": " + what + " id " + std::to_string(id) + " belongs to model_spec #" +
+                    std::to_string(other) + ", not to model_spec #" + std::to_string(serial_) + " (this one, " +
+                    std::to_string(count) + " " + what + "s) that it was passed to: an id of another model names a " +
+                    "different " + what + " here",
+                "use the ids returned by this engine's model_spec (" + add_fn(what) +
+                    " of the spec the engine was built on, or of a copy of it); an id made from a bare number "
+                    "(param_id{i}) is only range-checked");
+  }
+
+  std::uint32_t serial_ = next_serial();
   std::vector<param_spec> params_;
   std::vector<module_spec> modules_;
   std::unordered_map<std::string, param_id> param_index_;

@@ -36,7 +36,7 @@ struct param_identity {
 
   static param_identity of(const model_spec& spec, param_id p, dtype default_type) {
     const param_spec& s = spec.param(p);
-    return {p, s.name, s.shape, s.type.value_or(default_type), s.trainable};
+    return {spec.check(p), s.name, s.shape, s.type.value_or(default_type), s.trainable};
   }
 };
 

@@ -85,7 +85,7 @@ struct ahead_counter {
     ++tick;
     std::size_t own = 0;
     for (module_id m : open)
-      for (param_id p : eng.spec().module(m).params)
+      for (param_id p : eng.spec().modules()[m].params)
         if (stamp[p] != tick && !eng.layout(p).replicated) {
           stamp[p] = tick;
           own += eng.layout(p).padded_numel;

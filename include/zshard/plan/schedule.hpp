@@ -102,6 +102,7 @@ struct step_program {
       switch (e.kind) {
         case event_kind::open:
         case event_kind::close: {
+          spec.check_owner(e.module, "step program");
           ZSHARD_REQUIRE(e.module < spec.modules().size(), error_kind::config,
                          at + "module id " + std::to_string(e.module) + " does not exist");
           int& n = open_scopes[2 * e.module + (e.scope == scope_kind::backward)];
@@ -128,6 +129,7 @@ struct step_program {
           break;
         }
         case event_kind::gather_param:
+          spec.check_owner(e.param, "step program");
           ZSHARD_REQUIRE(e.param < spec.params().size(), error_kind::config,
                          at + "gather_param of parameter id " + std::to_string(e.param) + " which does not exist");
           break;

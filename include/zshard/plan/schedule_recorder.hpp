@@ -88,8 +88,9 @@ class schedule_recorder {
     note(schedule_event::activations(bytes));
   }
   std::vector<float> gather_param(param_id p) {
+    auto v = eng_.gather_param(p);  // checks p first: a rejected id is not recorded
     note(schedule_event::gather(p));
-    return eng_.gather_param(p);
+    return v;
   }
   step_report step() {
     step_report r = eng_.step();
@@ -104,7 +105,7 @@ class schedule_recorder {
   void set_lr(float lr) { eng_.set_lr(lr); }
   const model_spec& spec() const noexcept { return eng_.spec(); }
   const engine_config& config() const noexcept { return eng_.config(); }
-  const shard_layout& layout(param_id p) const noexcept { return eng_.layout(p); }
+  const shard_layout& layout(param_id p) const { return eng_.layout(p); }  // checked: may throw
   engine_type& recorded_engine() noexcept { return eng_; }
   // Events since the last step() (a step function that has not called it yet).
   bool step_open() const noexcept { return !current_.events.empty(); }

@@ -42,6 +42,7 @@ struct step_schedule {
     ZSHARD_REQUIRE(micro_batches >= 1, error_kind::config,
                    "micro_batches must be at least 1, got " + std::to_string(micro_batches));
     for (const auto& s : modules) {
+      spec.check_owner(s.module, "step schedule");
       ZSHARD_REQUIRE(s.module < spec.modules().size(), error_kind::config,
                      "the step schedule names module id " + std::to_string(s.module) + " which does not exist");
       ZSHARD_REQUIRE(s.recomputed || s.recompute_bytes == 0, error_kind::config,

@@ -98,7 +98,7 @@ class trace_mirror {
     while (frontier_ < t.size()) {
       const module_id next = t[frontier_].module;
       if (window_numel_ + module_numel_[next] > cfg_.prefetch_numel) break;
-      for (param_id p : spec_.module(next).params) ahead.push_back(p);
+      for (param_id p : spec_.modules()[next].params) ahead.push_back(p);
       window_numel_ += module_numel_[next];
       ++frontier_;
     }

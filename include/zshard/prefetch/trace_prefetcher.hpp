@@ -33,7 +33,7 @@ class trace {
     log_ = log;
     module_numel_.assign(spec.modules().size(), 0);
     for (module_id m = 0; m < spec.modules().size(); ++m)
-      for (param_id p : spec.module(m).params)
+      for (param_id p : spec.modules()[m].params)
         if (!layouts[p].replicated) module_numel_[m] += layouts[p].padded_numel;
     state_ = state::recording;
     trace_.clear();
