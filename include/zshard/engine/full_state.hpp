@@ -75,6 +75,7 @@ class full_state {
 
   static std::vector<float> gather_grad(Engine& e, param_id p) {
     e.rethrow_if_unusable();
+    engine_checks::param_id_in_range(e.spec_, p, "gather_grad");  // a wrong id is wrong in any window
     ZSHARD_REQUIRE(e.scopes_.count() == 0 && e.tracker_.phase() == step_phase::forward &&
                        !training_controls<Engine>::counted_uses_pending(e) && e.micro_batches_ > 0,
                    error_kind::usage, "gather_grad() outside the window between end_backward() and step()",
@@ -82,7 +83,6 @@ class full_state {
     ZSHARD_REQUIRE(!e.ctl_.sync.holding(), error_kind::usage,
                    "gather_grad() while gradients are held unreduced (sync off)",
                    "read it after a micro-batch run with set_gradient_sync(true)");
-    engine_checks::param_id_in_range(e.spec_, p, "gather_grad");
     ZSHARD_REQUIRE(e.spec_.param(p).trainable, error_kind::usage,
                    "parameter '" + e.spec_.param(p).name + "' is frozen and has no gradient");
     if constexpr (offloader_with_grad_read<typename Engine::offloader_type>) {

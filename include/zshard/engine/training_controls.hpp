@@ -116,7 +116,7 @@ class training_controls {
 
   static void set_keep_gathered_until_backward(Engine& e, module_id m, bool keep) {
     e.check_between_steps("set_keep_gathered_until_backward()");
-    engine_checks::module_id_in_range(e.spec_, m);
+    engine_checks::module_id_in_range(e.spec_, m, "set_keep_gathered_until_backward");
     e.agreement_.same_arguments("set_keep_gathered_until_backward()", {m, keep ? 1u : 0u});
     e.ctl_.keep_after_forward[m] = keep;
   }

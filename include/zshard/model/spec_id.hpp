@@ -120,9 +120,11 @@ class id_range {
 
 }  // namespace zshard
 
+namespace std {
 template <class Kind>
-struct std::hash<zshard::spec_id<Kind>> {
+struct hash<zshard::spec_id<Kind>> {
   std::size_t operator()(const zshard::spec_id<Kind>& id) const noexcept {
     return std::hash<std::uint32_t>{}(id.index());
   }
 };
+}  // namespace std

@@ -63,7 +63,7 @@ class trace {
     while (frontier_ < trace_.size()) {
       const module_id next = trace_[frontier_].module;
       if (window_numel_ + module_numel_[next] > budget) break;
-      for (param_id p : spec_->module(next).params) ahead.push_back(p);
+      for (param_id p : spec_->modules()[next].params) ahead.push_back(p);
       window_numel_ += module_numel_[next];
       ++frontier_;
     }
@@ -125,7 +125,7 @@ class trace {
     numel_before_.assign(trace_.size() + 1, 0);
     for (std::size_t i = 0; i < trace_.size(); ++i) {
       const module_id m = trace_[i].module;
-      for (param_id q : spec_->module(m).params) uses_[q].push_back(i);
+      for (param_id q : spec_->modules()[m].params) uses_[q].push_back(i);
       numel_before_[i + 1] = numel_before_[i] + module_numel_[m];
     }
   }

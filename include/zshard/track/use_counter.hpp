@@ -39,8 +39,8 @@ class use_counter {
         phase_ == step_phase::forward, error_kind::usage, "counted forward of module '" + name(m) + "' during backward",
         "use recompute() for a checkpointed block, or forward(m, use_kind::no_grad) for a pass without backward");
     max_pending_[m] = std::max(max_pending_[m], ++module_pending_[m]);
-    for (param_id p : spec_->module(m).params)
-      if (spec_->param(p).trainable) ++param_pending_[p];
+    for (param_id p : spec_->modules()[m].params)
+      if (spec_->params()[p].trainable) ++param_pending_[p];
     return true;
   }
 
@@ -49,8 +49,8 @@ class use_counter {
   void on_scope_failed(module_id m, use_kind kind, bool backward) noexcept {
     if (backward || kind != use_kind::counted) return;
     --module_pending_[m];
-    for (param_id p : spec_->module(m).params)
-      if (spec_->param(p).trainable) --param_pending_[p];
+    for (param_id p : spec_->modules()[m].params)
+      if (spec_->params()[p].trainable) --param_pending_[p];
   }
 
   void on_begin_backward() {
@@ -72,8 +72,8 @@ class use_counter {
   void on_backward_done(module_id m, std::vector<param_id>& completed) {
     --module_pending_[m];
     --depth_;
-    for (param_id p : spec_->module(m).params) {
-      if (!spec_->param(p).trainable) continue;
+    for (param_id p : spec_->modules()[m].params) {
+      if (!spec_->params()[p].trainable) continue;
       ZSHARD_REQUIRE(param_pending_[p] > 0, error_kind::invariant,
                      "gradient count of parameter '" + spec_->param(p).name + "' would go negative");
       if (--param_pending_[p] == 0) completed.push_back(p);
