@@ -93,8 +93,7 @@ float run_no_grad_pass(Engine& eng, const config& mc, const ids& id, const batch
 template <class Engine>
 void train_checkpointed_rank(Engine& eng, int rank, const train_options& o, std::mutex& mu, train_result& result,
                              std::vector<std::vector<std::vector<float>>>* every_rank = nullptr) {
-  ids id;
-  (void)make_spec(o.model, id);
+  const ids id = ids_of(eng.spec(), o.model);
   int calls = 0;
   train_rank(
       eng, rank, o,

@@ -37,14 +37,18 @@ struct ids {
   std::vector<zshard::module_id> layer;
 };
 
+// `id` receives the new spec's ids (bound to it: they work on that spec and its copies, an
+// engine's included, and are refused by any other spec, even one built by this function).
 inline zshard::model_spec make_spec(const config& cfg, ids& id) {
+  id = {};
   zshard::model_spec spec;
   id.E = spec.add_param("E", {cfg.vocab, cfg.dim}, {.init = zshard::init::normal(0, 0.5f, 11)});
   id.c = spec.add_param("c", {cfg.vocab}, {.decay = false, .init = zshard::init::uniform(-0.1f, 0.1f, 12)});
   for (int l = 0; l < cfg.layers; ++l) {
     const auto L = std::to_string(l);
     id.W.push_back(spec.add_param("W" + L, {cfg.dim, cfg.dim}, {.init = zshard::init::normal(0, 0.4f, 20 + l)}));
-    id.b.push_back(spec.add_param("b" + L, {cfg.dim}, {.decay = false, .init = zshard::init::uniform(-0.1f, 0.1f, 40 + l)}));
+    id.b.push_back(
+        spec.add_param("b" + L, {cfg.dim}, {.decay = false, .init = zshard::init::uniform(-0.1f, 0.1f, 40 + l)}));
   }
   id.s.push_back(spec.add_param("s0", {cfg.dim}, {.trainable = false, .init = zshard::init::uniform(0.8f, 1.2f, 60)}));
   id.embed = spec.add_module("embed", {id.E});
@@ -55,6 +59,23 @@ inline zshard::model_spec make_spec(const config& cfg, ids& id) {
   }
   id.head = spec.add_module("head", {id.E, id.c});
   return spec;
+}
+
+// The ids of a spec make_spec built (an engine's copy, say), looked up by name.
+inline ids ids_of(const zshard::model_spec& spec, const config& cfg) {
+  ids id;
+  id.E = spec.param_by_name("E");
+  id.c = spec.param_by_name("c");
+  for (int l = 0; l < cfg.layers; ++l) {
+    const auto L = std::to_string(l);
+    id.W.push_back(spec.param_by_name("W" + L));
+    id.b.push_back(spec.param_by_name("b" + L));
+  }
+  id.s.push_back(spec.param_by_name("s0"));
+  id.embed = spec.module_by_name("embed");
+  for (int l = 0; l < cfg.layers; ++l) id.layer.push_back(spec.module_by_name("layer" + std::to_string(l)));
+  id.head = spec.module_by_name("head");
+  return id;
 }
 
 // The sequence of layer uses in a forward pass (layer 1 twice when repeated).
@@ -156,7 +177,8 @@ void head_backward(const T* E, const std::vector<T>& h, const std::vector<T>& dl
 
 // Mean cross-entropy over the rows; dlogits = scale * d(mean loss)/d(logits).
 template <class T>
-T cross_entropy(const std::vector<T>& logits, const std::vector<int>& targets, int V, T scale, std::vector<T>& dlogits) {
+T cross_entropy(const std::vector<T>& logits, const std::vector<int>& targets, int V, T scale,
+                std::vector<T>& dlogits) {
   const std::size_t B = targets.size();
   dlogits.assign(B * V, T(0));
   T loss = 0;

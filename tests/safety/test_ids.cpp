@@ -156,7 +156,8 @@ TEST_CASE("every engine entry point refuses another spec's ids, in range or not,
       check_foreign([&] { eng.forward(m); }, ours, b, "engine scope");
       check_foreign([&] { eng.forward(m, use_kind::no_grad); }, ours, b, "engine scope");
       check_foreign([&] { eng.recompute(m); }, ours, b, "engine scope");
-      check_foreign([&] { eng.set_keep_gathered_until_backward(m, true); }, ours, b, "set_keep_gathered_until_backward");
+      check_foreign([&] { eng.set_keep_gathered_until_backward(m, true); }, ours, b,
+                    "set_keep_gathered_until_backward");
       check_foreign([&] { (void)eng.spec().module(m); }, ours, b, "model_spec::module");
     }
     // Inside backward, with a scope of the right model open.

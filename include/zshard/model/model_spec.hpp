@@ -241,7 +241,7 @@ class model_spec {
   }
 
   [[noreturn, gnu::cold, gnu::noinline]] static void no_such(const char* where, const char* what, std::size_t id,
-                                                            std::size_t count) {
+                                                             std::size_t count) {
     throw error(error_kind::usage,
                 std::string(where) + ": " + what + " id " + std::to_string(id) + " does not exist: the model has " +
                     std::to_string(count) + " " + what + "s",
