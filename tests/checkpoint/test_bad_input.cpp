@@ -144,8 +144,9 @@ TEST_CASE("a manifest of another model lists every difference at once") {
   toy::config other;
   other.layers = 2;
   other.dim = 6;
+  other.name = "student";
   const std::string e = failed_load(dir.path(), 2, other);
-  CHECK(e.find("another model") != std::string::npos);
+  CHECK(e.find("is a checkpoint of another model than model_spec 'student' (#") != std::string::npos);
   CHECK(e.find("manifest.json") != std::string::npos);
   CHECK(e.find("unexpected in the checkpoint: 'W2'") != std::string::npos);
   CHECK(e.find("shape of 'E'") != std::string::npos);

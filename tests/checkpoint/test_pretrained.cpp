@@ -117,7 +117,7 @@ TEST_CASE("pretrained: a Hugging Face index over two files, names mapped by a ta
 
 TEST_CASE("pretrained: missing, unexpected and mismatched tensors in one error; the engine untouched") {
   temp_dir dir;
-  const toy::config mc{};
+  const toy::config mc{.name = "student"};
   auto ts = toy_tensors(mc, 3);
   ts.erase(ts.begin() + 2);                                                    // W0 missing
   ts.push_back({"lm_head.extra", ck::file_dtype::f32, {2}, {1.f, 2.f}});       // unexpected
@@ -130,6 +130,7 @@ TEST_CASE("pretrained: missing, unexpected and mismatched tensors in one error; 
       ck::load_pretrained(eng, dir / "bad.safetensors");
     } catch (const zshard::error& e) {
       const std::string w = e.what();
+      CHECK(w.find("does not match the model (model_spec 'student' (#") != std::string::npos);
       CHECK(w.find("missing: 'W0'") != std::string::npos);
       CHECK(w.find("unexpected: 'lm_head.extra'") != std::string::npos);
       CHECK(w.find("mismatched: 'E': model [13, 8], file [8, 13]") != std::string::npos);
@@ -140,7 +141,7 @@ TEST_CASE("pretrained: missing, unexpected and mismatched tensors in one error; 
     CHECK_THROWS_WITH_AS(ck::load_pretrained(eng, dir / "bad.safetensors", {.allow_unexpected = true}),
                          doctest::Contains("missing: 'W0'"), zshard::error);
     return 0;
-  });
+  }, mc);
 }
 
 TEST_CASE("pretrained: the ledger's host peak during a load stays within the chunk, however large the model") {

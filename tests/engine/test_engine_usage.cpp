@@ -98,15 +98,17 @@ TEST_CASE("scopes out of order are usage errors") {
 TEST_CASE("a model that differs across ranks is a configuration error on every rank, not a hang") {
   for (int world : {2, 3}) {
     std::string msg = message_of([&] {
-      run_ranks(world, [](thread_comm& comm) {
+      run_ranks(world, [world](thread_comm& comm) {
         toy::ids id;
         toy::config mc;
+        mc.name = world == 3 ? "student" : "";
         if (comm.rank() == 1) mc.dim = 9;  // rank 1 disagrees
         host_backend backend;
         host_engine eng(backend, comm, toy::make_spec(mc, id), {});
       });
     });
-    CHECK(msg.find("ranks disagree on the model") != std::string::npos);
+    CHECK(msg.find("ranks disagree on the model (model_spec " + std::string(world == 3 ? "'student' (#" : "#")) !=
+          std::string::npos);
   }
 }
 

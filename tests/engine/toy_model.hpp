@@ -27,6 +27,7 @@ struct config {
   int dim = 8;
   int layers = 3;
   bool repeat_layer1 = true;
+  std::string name;  // the model_spec's name, for messages (empty: unnamed)
 };
 
 // Module ids are registration order: embed, layer0..layerL-1, head.
@@ -41,7 +42,7 @@ struct ids {
 // engine's included, and are refused by any other spec, even one built by this function).
 inline zshard::model_spec make_spec(const config& cfg, ids& id) {
   id = {};
-  zshard::model_spec spec;
+  zshard::model_spec spec(cfg.name);
   id.E = spec.add_param("E", {cfg.vocab, cfg.dim}, {.init = zshard::init::normal(0, 0.5f, 11)});
   id.c = spec.add_param("c", {cfg.vocab}, {.decay = false, .init = zshard::init::uniform(-0.1f, 0.1f, 12)});
   for (int l = 0; l < cfg.layers; ++l) {

@@ -20,7 +20,8 @@ using test_support::message_of;
 
 namespace {
 
-// The error a foreign id must give: a usage error naming both specs' serials and the fix.
+// The error a foreign id must give: a usage error naming both specs (serials, and names where
+// given) and the fix.
 template <class F>
 void check_foreign(F&& f, const model_spec& ours, const model_spec& theirs, const std::string& where) {
   std::string what;
@@ -35,8 +36,7 @@ void check_foreign(F&& f, const model_spec& ours, const model_spec& theirs, cons
   INFO(where << ": " << what);
   CHECK(kind == error_kind::usage);
   CHECK(contains(what, where));
-  CHECK(contains(what, "belongs to model_spec #" + std::to_string(theirs.serial())));
-  CHECK(contains(what, "not to model_spec #" + std::to_string(ours.serial())));
+  CHECK(contains(what, "belongs to " + theirs.label() + ", not to " + ours.label() + " (this one"));
   CHECK(contains(what, "use the ids returned by this engine's model_spec"));
 }
 
@@ -50,6 +50,11 @@ model_spec other_spec() {
   spec.add_module("embed", {e});
   spec.add_module("mix", {w, g});
   spec.add_module("head", {e});  // tied
+  return spec;
+}
+
+model_spec named(model_spec spec, std::string name) {
+  spec.set_name(std::move(name));
   return spec;
 }
 
@@ -97,6 +102,57 @@ TEST_CASE("ids a spec hands out are bound to it; a copy shares them, another spe
   assigned = std::move(moved);
   CHECK(assigned.serial() == serial);
   CHECK(assigned.param(w).name == "b0.w");
+}
+
+TEST_CASE("a model_spec's name is in every message that names the spec") {
+  const model_spec unnamed = stack_spec(2, 0);
+  CHECK(unnamed.name().empty());
+  CHECK(unnamed.label() == "model_spec #" + std::to_string(unnamed.serial()));
+  const model_spec student = named(stack_spec(2, 0), "student");  // 4 parameters
+  const model_spec teacher = named(other_spec(), "teacher");
+  const std::string s = std::to_string(student.serial()), t = std::to_string(teacher.serial());
+  CHECK(student.name() == "student");
+  CHECK(student.label() == "model_spec 'student' (#" + s + ")");
+  CHECK(student.fingerprint() == unnamed.fingerprint());  // a label only: ranks may name it differently
+  const model_spec probe("probe");
+  CHECK(probe.label() == "model_spec 'probe' (#" + std::to_string(probe.serial()) + ")");
+
+  // Both sides of a foreign id, named; an unnamed side keeps its number alone.
+  CHECK(contains(message_of([&] { (void)student.param(teacher.param_by_name("w")); }),
+                 "model_spec::param: parameter id 1 belongs to model_spec 'teacher' (#" + t +
+                     "), not to model_spec 'student' (#" + s + ") (this one, 4 parameters)"));
+  CHECK(contains(message_of([&] { (void)student.module(unnamed.module_by_name("b1")); }),
+                 "module id 1 belongs to model_spec #" + std::to_string(unnamed.serial()) +
+                     ", not to model_spec 'student' (#" + s + ")"));
+  CHECK(contains(message_of([&] { (void)unnamed.param(student.param_by_name("b0.w")); }),
+                 "belongs to model_spec 'student' (#" + s + "), not to model_spec #"));
+
+  // A copy is the same model and keeps the name; a move hands it over with the serial.
+  model_spec copy = student;
+  CHECK(copy.label() == student.label());
+  const model_spec moved = std::move(copy);
+  CHECK(moved.label() == student.label());
+  CHECK(copy.name().empty());  // NOLINT(bugprone-use-after-move): the documented state
+
+  // An engine's copy keeps it too: its refusals name both models.
+  run_ranks(1, [&](thread_comm& comm) {
+    host_backend backend;
+    engine<host_backend, thread_comm> eng(backend, comm, student, stack_config());
+    CHECK(eng.spec().label() == student.label());
+    const std::string what = message_of([&] { eng.forward(teacher.module_by_name("mix")); });
+    CHECK(contains(what, "engine scope"));
+    CHECK(contains(what, "belongs to model_spec 'teacher' (#" + t + "), not to model_spec 'student' (#" + s + ")"));
+  });
+
+  // Renamed, or the name taken away: messages about the model's ids follow.
+  model_spec renamed = stack_spec(1, 0);
+  const param_id w = renamed.param_by_name("b0.w");
+  renamed.set_name("first");
+  renamed.set_name("second");
+  CHECK(contains(message_of([&] { (void)teacher.param(w); }), "belongs to model_spec 'second' (#"));
+  renamed.set_name("");
+  CHECK(contains(message_of([&] { (void)teacher.param(w); }),
+                 "belongs to model_spec #" + std::to_string(renamed.serial()) + ", not to model_spec 'teacher'"));
 }
 
 TEST_CASE("ids made from bare integers are unbound: range-checked only") {
@@ -205,8 +261,8 @@ TEST_CASE("the planner and the schedule recorder refuse another spec's ids") {
 }
 
 TEST_CASE("two engines of two models in one process: each trains as alone, crossing their ids fails") {
-  const model_spec student = stack_spec(3, 0);  // 6 parameters
-  const model_spec teacher = other_spec();      // 3 parameters: every id of it is in range for student
+  const model_spec student = named(stack_spec(3, 0), "student");  // 6 parameters
+  const model_spec teacher = named(other_spec(), "teacher");      // 3: every id of it is in range for student
   constexpr int world = 2, steps = 3;
 
   // One optimizer step of `spec` on `eng`: every module forward, then backward in reverse with

@@ -78,7 +78,7 @@ pretrained_report load_pretrained(Engine& eng, const std::string& path, const pr
       if (!used.count(l.tensor->name)) rep.unexpected.push_back(l.tensor->name);
     const bool bad_unexpected = !o.allow_unexpected && !rep.unexpected.empty();
     if (!missing.empty() || !mismatched.empty() || bad_unexpected) {
-      std::string msg = "'" + path + "' does not match the model:";
+      std::string msg = "'" + path + "' does not match the model (" + eng.spec().label() + "):";
       for (const auto& s : missing) msg += "\n  missing: " + s;
       if (bad_unexpected)
         for (const auto& s : rep.unexpected) msg += "\n  unexpected: '" + s + "'";

@@ -83,7 +83,8 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
     const auto diff = compare_models(m, eng.spec(), eng.config().param_dtype);
     if (!diff.empty()) {
       std::string msg =
-          "'" + mpath + "' is a checkpoint of another model (" + std::to_string(diff.size()) + " difference(s)):";
+          "'" + mpath + "' is a checkpoint of another model than " + eng.spec().label() + " (" +
+          std::to_string(diff.size()) + " difference(s)):";
       for (const auto& d : diff) msg += "\n  " + d;
       throw error(error_kind::config, msg, "load a checkpoint of this model, or build the model the checkpoint holds");
     }

@@ -21,7 +21,7 @@
 namespace zshard {
 
 struct setting_value {
-  const char* name;
+  std::string name;
   std::uint64_t value;
 };
 
@@ -79,7 +79,7 @@ void check_settings_on(Backend& backend, Comm& comm, typename Backend::stream& s
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t r = 1; r < std::size_t(comm.size()); ++r)
       ZSHARD_REQUIRE(all[r * n + i] == all[i], error_kind::config,
-                     std::string("ranks disagree on ") + settings[i].name + ": rank 0 has " + std::to_string(all[i]) +
+                     "ranks disagree on " + settings[i].name + ": rank 0 has " + std::to_string(all[i]) +
                          ", rank " + std::to_string(r) + " has " + std::to_string(all[r * n + i]),
                      "build the same model_spec and engine_config on every rank (every setting that shapes the "
                      "schedule of collectives must agree)");

@@ -30,7 +30,7 @@ inline std::vector<setting_value> schedule_settings(const model_spec& spec, cons
       {"hybrid.shard_group_size (ranks per shard group)",
        std::uint64_t(cfg.hybrid.shard_group_size == 0 ? world : cfg.hybrid.shard_group_size)},
       {"hybrid.ranks_per_node", std::uint64_t(cfg.hybrid.ranks_per_node)},
-      {"the model (model_spec: names, shapes, dtypes, flags, modules)", spec.fingerprint()},
+      {"the model (" + spec.label() + " on this rank: names, shapes, dtypes, flags, modules)", spec.fingerprint()},
       {"param_dtype", std::uint64_t(cfg.param_dtype)},
       {"partition.persistence_threshold_numel", cfg.partition.persistence_threshold_numel},
       {"partition.shard_alignment_numel", cfg.partition.shard_alignment_numel},

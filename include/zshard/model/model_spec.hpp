@@ -12,11 +12,18 @@
 // extended with more parameters or modules still shares its source's serial: ids are checked
 // by serial and range only.
 //
+// A spec may carry a name (`model_spec spec("student")` or set_name): messages then say
+// "model_spec 'student' (#3)" where they would say "model_spec #3", for the ids of another
+// model, ranks that disagree on the model and checkpoints of another model. The name is a
+// label: it is not part of the fingerprint, so ranks and checkpoints may name a model
+// differently. Copies keep it (the same model); a moved-from spec loses it.
+//
 // Initialisation is a function of the global element index, so the model is identical
 // whatever the world size: rank r initialises exactly the elements of its shard.
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -58,10 +65,12 @@ struct module_spec {
 class model_spec {
  public:
   model_spec() = default;
+  explicit model_spec(std::string name) { set_name(std::move(name)); }
   model_spec(const model_spec&) = default;  // the same model: keeps the serial, so its ids stay valid
   model_spec& operator=(const model_spec&) = default;
   model_spec(model_spec&& o) noexcept
       : serial_(o.serial_),
+        name_(std::move(o.name_)),
         params_(std::move(o.params_)),
         modules_(std::move(o.modules_)),
         param_index_(std::move(o.param_index_)),
@@ -71,6 +80,7 @@ class model_spec {
   model_spec& operator=(model_spec&& o) noexcept {
     if (this != &o) {
       serial_ = o.serial_;
+      name_.swap(o.name_);  // o's is cleared below
       params_ = std::move(o.params_);
       modules_ = std::move(o.modules_);
       param_index_ = std::move(o.param_index_);
@@ -83,6 +93,21 @@ class model_spec {
 
   // This spec's identity: process-unique, shared by its copies, never 0 (param_id::unbound).
   std::uint32_t serial() const noexcept { return serial_; }
+
+  // The name messages give this model (empty: none). Renaming a copy renames the model its
+  // source's ids belong to as well, in messages about those ids.
+  void set_name(std::string name) {
+    name_ = std::move(name);
+    auto& r = registry();
+    const std::lock_guard lock(r.mutex);
+    if (name_.empty())
+      r.names.erase(serial_);
+    else
+      r.names[serial_] = name_;
+  }
+  const std::string& name() const noexcept { return name_; }
+  // How messages name this spec: "model_spec 'student' (#3)", or "model_spec #3" unnamed.
+  std::string label() const { return label_of(serial_, name_); }
 
   param_id add_param(const std::string& name, zshard::shape s, param_options opt = {}) {
     ZSHARD_REQUIRE(!name.empty(), error_kind::config, "a parameter needs a name");
@@ -229,10 +254,33 @@ class model_spec {
 
   void reset_moved_from() noexcept {
     serial_ = next_serial();  // empty now: the ids of the model it held belong to the moved-to spec
+    name_.clear();
     params_.clear();
     modules_.clear();
     param_index_.clear();
     module_index_.clear();
+  }
+
+  // The names specs were given, by serial: a message about an id of another spec names that
+  // spec too. Written by set_name only; read on error paths. A serial's entry outlives its
+  // specs (one short string per named model).
+  struct name_registry {
+    std::mutex mutex;
+    std::unordered_map<std::uint32_t, std::string> names;
+  };
+  static name_registry& registry() {
+    static name_registry r;
+    return r;
+  }
+  static std::string label_of(std::uint32_t serial, const std::string& name) {
+    const std::string number = "#" + std::to_string(serial);
+    return name.empty() ? "model_spec " + number : "model_spec '" + name + "' (" + number + ")";
+  }
+  static std::string label_of(std::uint32_t serial) {
+    auto& r = registry();
+    const std::lock_guard lock(r.mutex);
+    const auto it = r.names.find(serial);
+    return label_of(serial, it == r.names.end() ? std::string() : it->second);
   }
 
   static std::string add_fn(const char* what) {
@@ -251,16 +299,16 @@ class model_spec {
   [[noreturn, gnu::cold, gnu::noinline]] void foreign(std::string_view where, const char* what, std::size_t id,
                                                       std::uint32_t other, std::size_t count) const {
     throw error(error_kind::usage,
-                std::string(where) + ": " + what + " id " + std::to_string(id) + " belongs to model_spec #" +
-                    std::to_string(other) + ", not to model_spec #" + std::to_string(serial_) + " (this one, " +
-                    std::to_string(count) + " " + what + "s) that it was passed to: an id of another model names a " +
-                    "different " + what + " here",
+                std::string(where) + ": " + what + " id " + std::to_string(id) + " belongs to " + label_of(other) +
+                    ", not to " + label() + " (this one, " + std::to_string(count) + " " + what +
+                    "s) that it was passed to: an id of another model names a " + "different " + what + " here",
                 "use the ids returned by this engine's model_spec (" + add_fn(what) +
                     " of the spec the engine was built on, or of a copy of it); an id made from a bare number "
                     "(param_id{i}) is only range-checked");
   }
 
   std::uint32_t serial_ = next_serial();
+  std::string name_;
   std::vector<param_spec> params_;
   std::vector<module_spec> modules_;
   std::unordered_map<std::string, param_id> param_index_;
