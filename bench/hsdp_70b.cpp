@@ -1,4 +1,4 @@
-// Hybrid sharding for the seed scenario across nodes (plan/seed_scenario.hpp: Llama-3-70B at
+// Hybrid sharding for the seed scenario across nodes (bench/seed_scenario.hpp: Llama-3-70B at
 // DeepSpeed's hook granularity, bf16, optimizer state on the host, each block a checkpointed
 // segment, 2 micro-batches of 1 x 4096 tokens per step) on 2 nodes x 8 ranks. Question: what
 // does hybrid sharding (shard within a node, replicate across the 2 nodes) save on the network
@@ -19,10 +19,11 @@
 #include "zshard/plan/memory_plan.hpp"
 #include "zshard/plan/phantom_run.hpp"
 #include "zshard/plan/plan_table.hpp"
-#include "zshard/plan/seed_scenario.hpp"
+#include "seed_scenario.hpp"
 
 using namespace zshard;
 using namespace zshard::plan;
+using namespace zshard_bench;
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The seed scenario (plan/seed_scenario.hpp), simulated: Llama-3-70B at DeepSpeed's hook
+// The seed scenario (bench/seed_scenario.hpp), simulated: Llama-3-70B at DeepSpeed's hook
 // granularity, 8 ranks, bf16, optimizer state on the host, each block a checkpointed segment,
 // 3 steps x 2 micro-batches of 1 x 4096 tokens. Questions: what does each rank hold at its
 // peak, by ledger category, and does the planner say so before the run? Is the peak flat from
@@ -18,15 +18,16 @@
 #include "zshard/plan/memory_plan.hpp"
 #include "zshard/plan/phantom_run.hpp"
 #include "zshard/plan/plan_table.hpp"
-#include "zshard/plan/seed_scenario.hpp"
 #include "zshard/prefetch/on_demand.hpp"
 #include "../tests/support/legacy/legacy_prefetcher.hpp"
 #include "../tests/support/legacy/legacy_reducer.hpp"
 #include "../tests/support/legacy/legacy_tracker.hpp"
 #include "zshard/trace/trace_sink.hpp"
+#include "seed_scenario.hpp"
 
 using namespace zshard;
 using namespace zshard::plan;
+using namespace zshard_bench;
 
 namespace {
 

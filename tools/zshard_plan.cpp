@@ -1,7 +1,7 @@
 // zshard_plan: each rank's peak memory under zshard, by ledger category, before anything runs
 // (plan/memory_plan.hpp), for a Llama shape or for any model and training schedule in a
 // schedule file (plan/schedule_file.hpp, docs/schedule_format.md; written by hand or recorded
-// from a step function). Defaults are the seed scenario (plan/seed_scenario.hpp); every
+// from a step function). Defaults are the seed scenario (bench/seed_scenario.hpp); every
 // setting can be changed on the command line, --simulate runs the real engine on the phantom
 // backend beside the plan, and the GPU's own terms (CUDA context, NCCL, pool, workspaces)
 // count in whether it fits.
@@ -21,11 +21,12 @@
 #include "zshard/plan/phantom_run.hpp"
 #include "zshard/plan/plan_table.hpp"
 #include "zshard/plan/schedule_file.hpp"
-#include "zshard/plan/seed_scenario.hpp"
 #include "zshard/prefetch/on_demand.hpp"
+#include "../bench/seed_scenario.hpp"
 
 using namespace zshard;
 using namespace zshard::plan;
+using namespace zshard_bench;
 
 namespace {
 

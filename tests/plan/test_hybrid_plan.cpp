@@ -9,10 +9,11 @@
 #include "zshard/plan/llama_shape.hpp"
 #include "zshard/plan/memory_plan.hpp"
 #include "zshard/plan/phantom_run.hpp"
-#include "zshard/plan/seed_scenario.hpp"
+#include "../../bench/seed_scenario.hpp"
 
 using namespace zshard;
 using namespace zshard::plan;
+using namespace zshard_bench;
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The seed scenario (plan/seed_scenario.hpp): Llama-3-70B at the granularity of DeepSpeed's
+// The seed scenario (bench/seed_scenario.hpp): Llama-3-70B at the granularity of DeepSpeed's
 // hooks on 8 ranks, bf16, optimizer state on the host, each block a checkpointed segment, 3
 // steps x 2 micro-batches, simulated on the phantom backend. Its per-rank peak is flat, within
 // the plan and under 80 GiB, and the Prefetcher gathers ahead; each of the three legacy
@@ -15,11 +15,12 @@
 #include "../support/legacy/legacy_tracker.hpp"
 #include "zshard/plan/phantom_run.hpp"
 #include "zshard/plan/plan_table.hpp"
-#include "zshard/plan/seed_scenario.hpp"
 #include "zshard/testing/invariants.hpp"
+#include "../../bench/seed_scenario.hpp"
 
 using namespace zshard;
 using namespace zshard::plan;
+using namespace zshard_bench;
 
 namespace {
 

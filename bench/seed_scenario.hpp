@@ -7,8 +7,10 @@
 // module hooks (build_transformer_hooks: attention projections, MLP projections and norms are
 // modules; each block is one checkpointed segment), so the Prefetcher gathers the small K and
 // V projections ahead of their use. It ran out of memory there; here its per-rank peak is
-// planned before the run, bounded in the run, and flat from step to step. Tests (tests/plan)
-// and the bench (bench/seed_70b) use this one definition.
+// planned before the run, bounded in the run, and flat from step to step. The benches
+// (seed_70b, hsdp_70b), the tests (tests/plan) and zshard_plan's defaults use this one
+// definition. Not part of the library (a scenario, not an API): the model and the plan it
+// uses are (plan/llama_shape.hpp, plan/memory_plan.hpp).
 #include <cstddef>
 
 #include "zshard/engine/default_policies.hpp"
@@ -17,11 +19,16 @@
 #include "zshard/plan/llama_shape.hpp"
 #include "zshard/plan/memory_plan.hpp"
 
-namespace zshard::plan {
+namespace zshard_bench {
+
+using zshard::default_policies;
+using zshard::dtype;
+using zshard::engine_config;
+using namespace zshard::plan;
 
 // The default policies with the optimizer on the host.
 struct seed_policies : default_policies {
-  using offloader = offload::host_adam;
+  using offloader = zshard::offload::host_adam;
 };
 
 struct seed_scenario {
@@ -53,4 +60,4 @@ struct seed_scenario {
   }
 };
 
-}  // namespace zshard::plan
+}  // namespace zshard_bench
