@@ -42,6 +42,7 @@
 #include <type_traits>
 
 #include "zshard/core/dtype.hpp"
+#include "zshard/core/enum_name.hpp"
 #include "zshard/core/error.hpp"
 
 namespace zshard {
@@ -49,15 +50,7 @@ namespace zshard {
 enum class reduce_op { sum, average, max };  // average = sum / size()
 
 constexpr std::string_view to_string(reduce_op op) noexcept {
-  switch (op) {
-    case reduce_op::sum:
-      return "sum";
-    case reduce_op::average:
-      return "average";
-    case reduce_op::max:
-      return "max";
-  }
-  return "?";
+  return enum_name(op, {{reduce_op::sum, "sum"}, {reduce_op::average, "average"}, {reduce_op::max, "max"}});
 }
 
 // The stream a collective is ordered on, as an opaque handle: a cudaStream_t for NCCL, a

@@ -39,6 +39,7 @@
 
 #include "zshard/comm/adaptive_spin.hpp"
 #include "zshard/comm/communicator.hpp"
+#include "zshard/core/enum_name.hpp"
 
 namespace zshard {
 
@@ -49,19 +50,10 @@ namespace detail {
 enum class collective : std::uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, barrier };
 
 constexpr const char* to_string(collective c) noexcept {
-  switch (c) {
-    case collective::all_gather:
-      return "all_gather";
-    case collective::reduce_scatter:
-      return "reduce_scatter";
-    case collective::all_reduce:
-      return "all_reduce";
-    case collective::broadcast:
-      return "broadcast";
-    case collective::barrier:
-      return "barrier";
-  }
-  return "?";
+  return enum_name<const char*>(c, {{collective::all_gather, "all_gather"},
+                                    {collective::reduce_scatter, "reduce_scatter"},
+                                    {collective::all_reduce, "all_reduce"}, {collective::broadcast, "broadcast"},
+                                    {collective::barrier, "barrier"}});
 }
 
 // What a rank publishes on entering a collective; peers read it until the exit rendezvous.

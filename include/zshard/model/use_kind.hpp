@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "zshard/core/enum_name.hpp"
+
 namespace zshard {
 
 enum class use_kind : std::uint8_t {
@@ -13,15 +15,8 @@ enum class use_kind : std::uint8_t {
 };
 
 constexpr std::string_view to_string(use_kind k) noexcept {
-  switch (k) {
-    case use_kind::counted:
-      return "counted";
-    case use_kind::recompute:
-      return "recompute";
-    case use_kind::no_grad:
-      return "no_grad";
-  }
-  return "?";
+  return enum_name(k, {{use_kind::counted, "counted"}, {use_kind::recompute, "recompute"},
+                       {use_kind::no_grad, "no_grad"}});
 }
 
 }  // namespace zshard

@@ -75,18 +75,14 @@ concept offloader = requires(O& o, param_id p, const float* g, std::size_t n, St
 // The engine checks its Offloader family for its backend and communicator.
 template <class Family, class Backend, class Comm>
 constexpr bool check_offloader() {
-  constexpr bool tagged = opts_into<Family, offloader_tag>;
-  constexpr bool named = has_policy_impl<Family, Backend, Comm>;
+  ZSHARD_CHECK_POLICY_FAMILY(Family, Backend, Comm, offloader_tag, "an Offloader policy", "Offloader policy");
+  constexpr bool named = policy_named<Family, offloader_tag, Backend, Comm>;
   using impl = policy_impl_t<Family, Backend, Comm>;
-  static_assert(tagged, "zshard: an Offloader policy declares `using zshard_tag = zshard::offloader_tag;`");
-  static_assert(!tagged || named,
-                "zshard: an Offloader policy names its implementation: `template <class Backend, class Comm> using "
-                "impl = ...;`");
-  static_assert(!(tagged && named) || std::constructible_from<impl, param_store<Backend>&, Comm&,
+  static_assert(!named || std::constructible_from<impl, param_store<Backend>&, Comm&,
                                                               const optim::adamw_config&, const offload_config&>,
                 "zshard: an Offloader implementation is constructible from (param_store<Backend>&, Comm&, "
                 "const optim::adamw_config&, const offload_config&)");
-  static_assert(!(tagged && named) || offloader<impl, typename Backend::stream>,
+  static_assert(!named || offloader<impl, typename Backend::stream>,
                 "zshard: the Offloader implementation does not provide init_param, accumulate_grad, "
                 "local_grad_stats, update, discard_grads and state_ledger; see offload/offloader.hpp");
   return true;

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "zshard/core/enum_name.hpp"
 #include "zshard/core/error.hpp"
 
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
@@ -27,19 +28,8 @@ enum class simd_path : std::uint8_t {
 };
 
 constexpr std::string_view to_string(simd_path p) noexcept {
-  switch (p) {
-    case simd_path::automatic:
-      return "automatic";
-    case simd_path::scalar:
-      return "scalar";
-    case simd_path::avx2:
-      return "avx2";
-    case simd_path::avx512:
-      return "avx512";
-    case simd_path::avx512_bf16:
-      return "avx512_bf16";
-  }
-  return "?";
+  return enum_name(p, {{simd_path::automatic, "automatic"}, {simd_path::scalar, "scalar"}, {simd_path::avx2, "avx2"},
+                       {simd_path::avx512, "avx512"}, {simd_path::avx512_bf16, "avx512_bf16"}});
 }
 
 struct cpu_features {

@@ -81,16 +81,9 @@ concept partitioner_family = opts_into<F, partitioner_tag> && has_policy_impl<F,
 // engine checks its Partitioner family the same way, for its backend and communicator.
 template <class Family, class Backend = any_backend, class Comm = any_comm>
 constexpr bool check_partitioner() {
-  constexpr bool tagged = opts_into<Family, partitioner_tag>;
-  constexpr bool named = has_policy_impl<Family, Backend, Comm>;
-  static_assert(tagged, "zshard: a Partitioner declares `using zshard_tag = zshard::partitioner_tag;`");
-  static_assert(!tagged || named,
-                "zshard: a Partitioner names its implementation: `template <class Backend, class Comm> using impl = "
-                "...;` (one that needs neither names itself)");
-  static_assert(!(tagged && named) || !inherits_base_impl<Family, Backend, Comm>(),
-                "zshard: this Partitioner derives from a policy whose `impl` names the base, so it would run as the base; "
-                "declare `template <class Backend, class Comm> using impl = <this type>;` in it");
-  static_assert(!(tagged && named) || partitioner<policy_impl_t<Family, Backend, Comm>>,
+  ZSHARD_CHECK_POLICY_FAMILY(Family, Backend, Comm, partitioner_tag, "a Partitioner", "Partitioner");
+  constexpr bool named = policy_named<Family, partitioner_tag, Backend, Comm>;
+  static_assert(!named || partitioner<policy_impl_t<Family, Backend, Comm>>,
                 "zshard: a Partitioner provides `shard_layout layout(const param_identity&, int world, "
                 "const partition_config&) const`");
   return true;

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "zshard/core/enum_name.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/engine/step_report.hpp"
 #include "zshard/model/model_spec.hpp"
@@ -44,17 +45,8 @@ enum class event_kind : std::uint8_t {
 enum class scope_kind : std::uint8_t { forward, no_grad, recompute, backward };
 
 constexpr const char* to_string(scope_kind k) noexcept {
-  switch (k) {
-    case scope_kind::forward:
-      return "forward";
-    case scope_kind::no_grad:
-      return "no_grad";
-    case scope_kind::recompute:
-      return "recompute";
-    case scope_kind::backward:
-      return "backward";
-  }
-  return "?";
+  return enum_name<const char*>(k, {{scope_kind::forward, "forward"}, {scope_kind::no_grad, "no_grad"},
+                                    {scope_kind::recompute, "recompute"}, {scope_kind::backward, "backward"}});
 }
 
 // What the trace Prefetcher records for a scope: a backward is recorded as a counted use.

@@ -46,16 +46,9 @@ concept prefetcher_family = opts_into<F, prefetcher_tag> && has_policy_impl<F, B
 // `static_assert(check_prefetcher<my_prefetcher>());` next to a Prefetcher's definition.
 template <class Family, class Backend = any_backend, class Comm = any_comm>
 constexpr bool check_prefetcher() {
-  constexpr bool tagged = opts_into<Family, prefetcher_tag>;
-  constexpr bool named = has_policy_impl<Family, Backend, Comm>;
-  static_assert(tagged, "zshard: a Prefetcher declares `using zshard_tag = zshard::prefetcher_tag;`");
-  static_assert(!tagged || named,
-                "zshard: a Prefetcher names its implementation: `template <class Backend, class Comm> using impl = "
-                "...;` (one that needs neither names itself)");
-  static_assert(!(tagged && named) || !inherits_base_impl<Family, Backend, Comm>(),
-                "zshard: this Prefetcher derives from a policy whose `impl` names the base, so it would run as the base; "
-                "declare `template <class Backend, class Comm> using impl = <this type>;` in it");
-  static_assert(!(tagged && named) || prefetcher<policy_impl_t<Family, Backend, Comm>>,
+  ZSHARD_CHECK_POLICY_FAMILY(Family, Backend, Comm, prefetcher_tag, "a Prefetcher", "Prefetcher");
+  constexpr bool named = policy_named<Family, prefetcher_tag, Backend, Comm>;
+  static_assert(!named || prefetcher<policy_impl_t<Family, Backend, Comm>>,
                 "zshard: a Prefetcher provides reset(const model_spec&, const std::vector<shard_layout>&, "
                 "const prefetch_config&, const log_sink&), on_scope_enter(module_id, use_kind, "
                 "std::vector<param_id>&), bool keep_after_scope(param_id) and on_step(); see prefetch/prefetcher.hpp");

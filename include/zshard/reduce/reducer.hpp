@@ -34,17 +34,13 @@ concept reducer = requires(R& r, const R& cr, param_id p, Sink& sink) {
 // The engine checks its Reducer family with the Offloader it hands gradients to (the sink).
 template <class Family, class Backend, class Comm, class Sink>
 constexpr bool check_reducer() {
-  constexpr bool tagged = opts_into<Family, reducer_tag>;
-  constexpr bool named = has_policy_impl<Family, Backend, Comm>;
+  ZSHARD_CHECK_POLICY_FAMILY(Family, Backend, Comm, reducer_tag, "a Reducer policy", "Reducer policy");
+  constexpr bool named = policy_named<Family, reducer_tag, Backend, Comm>;
   using impl = policy_impl_t<Family, Backend, Comm>;
-  static_assert(tagged, "zshard: a Reducer policy declares `using zshard_tag = zshard::reducer_tag;`");
-  static_assert(!tagged || named,
-                "zshard: a Reducer policy names its implementation: `template <class Backend, class Comm> using impl = "
-                "...;`");
-  static_assert(!(tagged && named) || std::constructible_from<impl, param_store<Backend>&, Comm&, const reduce_config&>,
+  static_assert(!named || std::constructible_from<impl, param_store<Backend>&, Comm&, const reduce_config&>,
                 "zshard: a Reducer implementation is constructible from (param_store<Backend>&, Comm&, "
                 "const reduce_config&)");
-  static_assert(!(tagged && named) || reducer<impl, Sink>,
+  static_assert(!named || reducer<impl, Sink>,
                 "zshard: the Reducer implementation does not provide grad_ready(param_id, Sink&), flush(Sink&) and "
                 "pending_numel(); see reduce/reducer.hpp");
   return true;

@@ -25,6 +25,7 @@
 
 #include "zshard/comm/communicator.hpp"
 #include "zshard/core/buffer.hpp"
+#include "zshard/core/enum_name.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/model/model_spec.hpp"
 #include "zshard/partition/shard_layout.hpp"
@@ -35,15 +36,8 @@ namespace zshard {
 enum class param_state : std::uint8_t { sharded, gathering, gathered };
 
 constexpr std::string_view to_string(param_state s) noexcept {
-  switch (s) {
-    case param_state::sharded:
-      return "sharded";
-    case param_state::gathering:
-      return "gathering";
-    case param_state::gathered:
-      return "gathered";
-  }
-  return "?";
+  return enum_name(s, {{param_state::sharded, "sharded"}, {param_state::gathering, "gathering"},
+                       {param_state::gathered, "gathered"}});
 }
 
 template <class Backend, class Comm, class Prefetcher>

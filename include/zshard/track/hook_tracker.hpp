@@ -72,16 +72,9 @@ concept hook_tracker_family = opts_into<F, hook_tracker_tag> && has_policy_impl<
 // `static_assert(check_hook_tracker<my_tracker>());` next to a HookTracker's definition.
 template <class Family, class Backend = any_backend, class Comm = any_comm>
 constexpr bool check_hook_tracker() {
-  constexpr bool tagged = opts_into<Family, hook_tracker_tag>;
-  constexpr bool named = has_policy_impl<Family, Backend, Comm>;
-  static_assert(tagged, "zshard: a HookTracker declares `using zshard_tag = zshard::hook_tracker_tag;`");
-  static_assert(!tagged || named,
-                "zshard: a HookTracker names its implementation: `template <class Backend, class Comm> using impl = "
-                "...;` (one that needs neither names itself)");
-  static_assert(!(tagged && named) || !inherits_base_impl<Family, Backend, Comm>(),
-                "zshard: this HookTracker derives from a policy whose `impl` names the base, so it would run as the base; "
-                "declare `template <class Backend, class Comm> using impl = <this type>;` in it");
-  static_assert(!(tagged && named) || hook_tracker<policy_impl_t<Family, Backend, Comm>>,
+  ZSHARD_CHECK_POLICY_FAMILY(Family, Backend, Comm, hook_tracker_tag, "a HookTracker", "HookTracker");
+  constexpr bool named = policy_named<Family, hook_tracker_tag, Backend, Comm>;
+  static_assert(!named || hook_tracker<policy_impl_t<Family, Backend, Comm>>,
                 "zshard: the HookTracker does not provide its contract (reset, on_forward -> bool, on_begin_backward, "
                 "on_backward, on_backward_done, on_end_backward, on_step, keeps_gathered, phase, pending_uses); see "
                 "track/hook_tracker.hpp");
