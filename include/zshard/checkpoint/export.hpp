@@ -7,6 +7,8 @@
 // chunk — no gathers, no rank holds more than its shards and the chunk. Ranks meet through
 // marker files (rank_writes.hpp), so a slow disk does not trip the communicator's timeout; rank
 // 0 then fsyncs and renames the file into place. The file appears complete or not at all.
+// What it shares with save (sharded_save.hpp): the model's description, the elements a rank
+// holds (its checkpoint file's), how a shard streams out of the engine, the rename into place.
 //
 // From a checkpoint (export_checkpoint, one process, no engine: tools/zshard_export): tensor
 // by tensor in file order, each assembled from the rank files that hold its pieces, through
@@ -25,7 +27,7 @@
 #include "zshard/checkpoint/rank_writes.hpp"
 #include "zshard/checkpoint/safetensors_reader.hpp"
 #include "zshard/checkpoint/safetensors_writer.hpp"
-#include "zshard/checkpoint/sharded_load.hpp"
+#include "zshard/checkpoint/sharded_save.hpp"
 #include "zshard/checkpoint/verified_reads.hpp"
 
 namespace zshard::checkpoint {
@@ -83,18 +85,13 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
         file_handle f(data, O_WRONLY);
         for (param_id p = 0; writes && p < m.params.size(); ++p) {
           const auto& mp = m.params[p];
-          const auto [b, e] = mp.replicated ? (shard_rank == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, mp.numel}
-                                                         : std::pair<std::uint64_t, std::uint64_t>{0, 0})
-                                            : held_range(eng, p);
+          const auto [b, e] = mp.stored_range(shard_rank);  // the elements this rank's checkpoint file would hold
           const state_field fld = mp.trainable ? o.source : state_field::working;
-          const dtype from = fld == state_field::working ? mp.type : dtype::f32;
           const std::uint64_t base = header.size() + offsets[p] + b * size_of(o.type);
-          chunked_copy(
-              chunk.bytes_at(0), chunk.bytes(), e - b, from, o.type,
-              [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, fld, first, dst, k); },
-              [&](std::uint64_t first, std::size_t k, const void* src) {
-                f.write_at(base + first * size_of(o.type), src, k * size_of(o.type), o.hook);
-              });
+          stream_shard(eng, p, fld, e - b, field_dtype(mp, fld), o.type, chunk,
+                       [&](std::uint64_t first, std::size_t k, const void* src) {
+                         f.write_at(base + first * size_of(o.type), src, k * size_of(o.type), o.hook);
+                       });
         }
         f.sync();
         f.close();
@@ -102,10 +99,7 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
       },
       [] {});
   agree(eng, what, [&] {
-    if (rank != 0) return;
-    rename_path(data, out);
-    const auto parent = std::filesystem::path(out).parent_path().string();
-    sync_directory(parent.empty() ? "." : parent);
+    if (rank == 0) rename_into_place(data, out);
   });
   std::error_code ec;
   if (rank == 0) std::filesystem::remove_all(tmp, ec);  // every rank is past reading the markers
@@ -134,7 +128,7 @@ inline void export_checkpoint(const std::string& checkpoint, const std::string& 
     safetensors_writer w(tmp, export_plan(m.params, o.type), {{"format", "pt"}}, o.hook);
     for (const auto& mp : m.params) {
       const state_field fld = mp.trainable ? o.source : state_field::working;
-      const dtype from = fld == state_field::working ? mp.type : dtype::f32;
+      const dtype from = field_dtype(mp, fld);
       for (int q = 0; q < m.world_size; ++q) {
         const auto [sb, se] = mp.stored_range(q);
         if (sb >= se) continue;
@@ -151,9 +145,7 @@ inline void export_checkpoint(const std::string& checkpoint, const std::string& 
     }
     w.finish();
   }
-  rename_path(tmp, out);
-  const auto parent = std::filesystem::path(out).parent_path().string();
-  sync_directory(parent.empty() ? "." : parent);
+  rename_into_place(tmp, out);
 }
 
 }  // namespace zshard::checkpoint

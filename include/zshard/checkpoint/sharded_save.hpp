@@ -75,6 +75,30 @@ inline std::vector<state_field> saved_fields(bool trainable) {
   return {state_field::working};
 }
 
+// The dtype a field is kept in: working values in the parameter's dtype, the rest in f32.
+inline dtype field_dtype(const manifest_param& mp, state_field f) {
+  return f == state_field::working ? mp.type : dtype::f32;
+}
+
+// What save and export_engine both write: this rank's `count` elements of field f of parameter
+// p, read from the engine through `chunk`, converted from `from` to `to`, handed in order to
+// sink(first element, element count, data).
+template <class Engine, class Staging, class Sink>
+void stream_shard(Engine& eng, param_id p, state_field f, std::uint64_t count, dtype from, dtype to,
+                  Staging& chunk, Sink&& sink) {
+  chunked_copy(
+      chunk.bytes_at(0), chunk.bytes(), count, from, to,
+      [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, f, first, dst, k); }, sink);
+}
+
+// Renames `from` to `to` and syncs the directory it lands in: the result appears complete or
+// not at all, also after a crash.
+inline void rename_into_place(const std::string& from, const std::string& to) {
+  rename_path(from, to);
+  const auto parent = std::filesystem::path(to).parent_path().string();
+  sync_directory(parent.empty() ? "." : parent);
+}
+
 // Rank `rank`'s file of checkpoint `m` from the engine's shards.
 template <class Engine, class Staging>
 written_file write_rank_file(Engine& eng, const manifest& m, int rank, const std::string& path, Staging& chunk,
@@ -94,15 +118,13 @@ written_file write_rank_file(Engine& eng, const manifest& m, int rank, const std
     const auto& mp = m.params[p];
     const auto [b, e] = mp.stored_range(rank);
     for (state_field f : e == b ? std::vector<state_field>{} : saved_fields(mp.trainable)) {
-      const dtype t = f == state_field::working ? mp.type : dtype::f32;
+      const dtype t = field_dtype(mp, f);
       if (const void* direct = eng.shard_host_data(p, f)) {  // host memory: written from where it lives
         w.write(direct, (e - b) * size_of(t));
         continue;
       }
-      chunked_copy(
-          chunk.bytes_at(0), chunk.bytes(), e - b, t, t,
-          [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, f, first, dst, k); },
-          [&](std::uint64_t, std::size_t k, const void* src) { w.write(src, k * size_of(t)); });
+      stream_shard(eng, p, f, e - b, t, t, chunk,
+                   [&](std::uint64_t, std::size_t k, const void* src) { w.write(src, k * size_of(t)); });
     }
   }
   return w.finish();
@@ -166,8 +188,7 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
     write_small_file(tmp + "/" + user_state_file, o.user_state, o.hook);
     write_small_file(tmp + "/" + manifest_file_name, m.to_json(), o.hook);
     sync_directory(tmp);
-    rename_path(tmp, final_path);
-    sync_directory(dir);
+    rename_into_place(tmp, final_path);
     set_latest(dir, name);
     rotate_checkpoints(dir, o.keep_last, name);
   });
