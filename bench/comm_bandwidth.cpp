@@ -66,6 +66,25 @@ double best_memcpy_seconds(std::size_t bytes, int reps) {
 
 enum class op_kind { all_gather, reduce_scatter };
 
+// This rank's best time of `reps` runs of one collective of `count` elements per rank (after a
+// warm-up run) on communicator c, with the buffers given.
+template <class Comm>
+double best_on_rank(Comm& c, op_kind op, std::size_t count, int reps, std::vector<float>& full,
+                    std::vector<float>& shard) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int it = -1; it < reps; ++it) {
+    c.barrier();
+    const auto t0 = clock_type::now();
+    if (op == op_kind::all_gather)
+      c.all_gather(shard.data(), full.data(), count, zshard::dtype::f32);
+    else
+      c.reduce_scatter(full.data(), shard.data(), count, zshard::dtype::f32, zshard::reduce_op::average);
+    c.barrier();  // rank 0's clock stops once every rank is done
+    if (it >= 0) best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
 // Best time of one collective over `ranks` thread ranks; S = `bytes` per rank.
 double best_collective_seconds(op_kind op, int ranks, std::size_t bytes, int reps) {
   const std::size_t count = bytes / sizeof(float) / static_cast<std::size_t>(ranks);  // per-rank block
@@ -74,16 +93,8 @@ double best_collective_seconds(op_kind op, int ranks, std::size_t bytes, int rep
     // Each rank allocates and touches its own buffers, as a rank thread would.
     std::vector<float> full(count * static_cast<std::size_t>(ranks), 1.0f + static_cast<float>(c.rank()));
     std::vector<float> shard(count, 0.5f);
-    for (int it = -1; it < reps; ++it) {
-      c.barrier();
-      const auto t0 = clock_type::now();
-      if (op == op_kind::all_gather)
-        c.all_gather(shard.data(), full.data(), count, zshard::dtype::f32);
-      else
-        c.reduce_scatter(full.data(), shard.data(), count, zshard::dtype::f32, zshard::reduce_op::average);
-      c.barrier();  // rank 0's clock stops once every rank is done
-      if (c.rank() == 0 && it >= 0) best = std::min(best, seconds_since(t0));
-    }
+    const double mine = best_on_rank(c, op, count, reps, full, shard);
+    if (c.rank() == 0) best = mine;
   });
   return best;
 }
@@ -117,17 +128,7 @@ int mpi_worker(int argc, char** argv, bool quick) {
       std::vector<float> full(count * static_cast<std::size_t>(ranks), 1.0f + static_cast<float>(c.rank()));
       std::vector<float> shard(count, 0.5f);
       for (op_kind op : {op_kind::all_gather, op_kind::reduce_scatter}) {
-        double best = std::numeric_limits<double>::infinity();
-        for (int it = -1; it < reps; ++it) {
-          c.barrier();
-          const auto t0 = clock_type::now();
-          if (op == op_kind::all_gather)
-            c.all_gather(shard.data(), full.data(), count, zshard::dtype::f32);
-          else
-            c.reduce_scatter(full.data(), shard.data(), count, zshard::dtype::f32, zshard::reduce_op::average);
-          c.barrier();  // rank 0's clock stops once every rank is done
-          if (it >= 0) best = std::min(best, seconds_since(t0));
-        }
+        double best = best_on_rank(c, op, count, reps, full, shard);
         if (c.rank() == 0) std::printf("row %zu %d %.9f\n", bytes, op == op_kind::all_gather ? 0 : 1, best);
         // Baseline: the MPI library's own blocking collective on the same buffers, no zshard
         // (MPI_Reduce_scatter_block reduces in MPI's order: not what zshard guarantees).

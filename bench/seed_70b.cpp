@@ -18,12 +18,9 @@
 #include "zshard/plan/memory_plan.hpp"
 #include "zshard/plan/phantom_run.hpp"
 #include "zshard/plan/plan_table.hpp"
-#include "zshard/prefetch/on_demand.hpp"
-#include "../tests/support/legacy/legacy_prefetcher.hpp"
-#include "../tests/support/legacy/legacy_reducer.hpp"
-#include "../tests/support/legacy/legacy_tracker.hpp"
 #include "zshard/trace/trace_sink.hpp"
-#include "seed_scenario.hpp"
+#include "../tests/support/policies.hpp"
+#include "seed_legacy.hpp"
 
 using namespace zshard;
 using namespace zshard::plan;
@@ -31,18 +28,7 @@ using namespace zshard_bench;
 
 namespace {
 
-struct legacy_tracker_policies : seed_policies {
-  using hook_tracker = legacy::tracker;
-};
-struct legacy_prefetch_policies : seed_policies {
-  using prefetcher = legacy::prefetch_count;
-};
-struct legacy_reducer_policies : seed_policies {
-  using reducer = legacy::copy_bucket;
-};
-struct on_demand_policies : default_policies {
-  using prefetcher = prefetch::on_demand;
-};
+using on_demand_policies = test_support::on_demand_policies;
 
 double gib(std::size_t bytes) { return double(bytes) / double(std::size_t{1} << 30); }
 

@@ -132,35 +132,38 @@ void gelu_sigmoid(const X& x, A&& sig, A&& sig_c) {
   sig = (S(1) + sig_c).inverse();
   sig_c *= sig;
 }
-}  // namespace detail
 
-template <class S>
-void gelu_forward(const mat<S>& u, mat<S>& y) {
-  y.resize(u.rows(), u.cols());
+// Calls f(begin, x, sig, sig_c) for each chunk of u's elements from `begin` (x: the chunk,
+// sig and sig_c: gelu_sigmoid's terms for it).
+template <class S, class F>
+void for_gelu_chunks(const mat<S>& u, F&& f) {
   const index n = u.size();
   Eigen::Array<S, gelu_chunk, 1> sig, sig_c;
   for (index b = 0; b < n; b += gelu_chunk) {
     const index len = std::min(gelu_chunk, n - b);
     Eigen::Map<const gelu_array<S>> x(u.data() + b, len);
-    detail::gelu_sigmoid<S>(x, sig.head(len), sig_c.head(len));
-    Eigen::Map<gelu_array<S>>(y.data() + b, len) = x * sig.head(len);
+    gelu_sigmoid<S>(x, sig.head(len), sig_c.head(len));
+    f(b, x, sig.head(len), sig_c.head(len));
   }
+}
+}  // namespace detail
+
+template <class S>
+void gelu_forward(const mat<S>& u, mat<S>& y) {
+  y.resize(u.rows(), u.cols());
+  detail::for_gelu_chunks(u, [&](index b, const auto& x, const auto& sig, const auto&) {
+    Eigen::Map<gelu_array<S>>(y.data() + b, x.size()) = x * sig;
+  });
 }
 
 // du = du * gelu'(u), in place (du arrives holding dy).
 template <class S>
 void gelu_backward(const mat<S>& u, mat<S>& du) {
   using k = gelu_constants<S>;
-  const index n = u.size();
-  Eigen::Array<S, gelu_chunk, 1> sig, sig_c;
-  for (index b = 0; b < n; b += gelu_chunk) {
-    const index len = std::min(gelu_chunk, n - b);
-    Eigen::Map<const gelu_array<S>> x(u.data() + b, len);
-    detail::gelu_sigmoid<S>(x, sig.head(len), sig_c.head(len));
-    const auto s = sig.head(len), sc = sig_c.head(len);
-    Eigen::Map<gelu_array<S>>(du.data() + b, len) *=
+  detail::for_gelu_chunks(u, [&](index b, const auto& x, const auto& s, const auto& sc) {
+    Eigen::Map<gelu_array<S>>(du.data() + b, x.size()) *=
         s + S(2) * k::c * s * sc * (S(1) + S(3) * k::a * x.square()) * x;
-  }
+  });
 }
 
 // Causal multi-head self-attention core (no projections).

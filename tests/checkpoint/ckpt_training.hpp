@@ -3,21 +3,21 @@
 // thread ranks, with both Offloaders, so that checkpoint tests can stop, save, load and go on.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "../engine/toy_training.hpp"
+#include "../support/policies.hpp"
 #include "zshard/checkpoint/checkpoint.hpp"
 #include "zshard/offload/host_adam.hpp"
 #include "zshard/state/param_access.hpp"
 
 namespace ckpt_test {
 
-struct host_adam_policies : zshard::default_policies {
-  using offloader = zshard::offload::host_adam;
-};
+using host_adam_policies = test_support::host_offload_policies;
 
 inline zshard::engine_config engine_options(zshard::dtype t = zshard::dtype::f32, std::size_t align = 1,
                                             std::size_t threshold = 8) {
@@ -107,6 +107,50 @@ auto on_ranks(int world, const zshard::engine_config& cfg, Fn&& fn, const toy::c
       },
       timeout);
   return out;
+}
+
+// A global batch that every world size of these tests (1..8) divides: the same data at each.
+inline constexpr int global_rows = 840;
+
+// `got` within 1e-5 of `want` (2-norm, relative, per parameter).
+inline void check_close(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t p = 0; p < got.size(); ++p) {
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < got[p].size(); ++i) {
+      diff += std::pow(double(got[p][i]) - want[p][i], 2);
+      norm += std::pow(double(want[p][i]), 2);
+    }
+    CHECK(std::sqrt(diff) <= 1e-5 * std::sqrt(norm));
+  }
+}
+
+// The float64 single-process reference: `steps` uninterrupted steps of global_rows rows under cfg.
+inline std::vector<std::vector<float>> reference_params(const zshard::engine_config& cfg, int steps = 4) {
+  toy::train_options ro;
+  ro.world = 1;
+  ro.rows = global_rows;
+  ro.steps = steps;
+  ro.engine = cfg;
+  return toy::train_reference(ro).params;
+}
+
+// A checkpoint of global steps 0 and 1 loaded into fresh engines on `world` ranks under cfg, which
+// then train steps 2 and 3: every field as loaded, and every parameter after training.
+struct loaded_then_trained {
+  full_state loaded;
+  std::vector<std::vector<float>> trained;
+};
+inline loaded_then_trained load_and_train(int world, const zshard::engine_config& cfg, const std::string& dir,
+                              int saved_world_size) {
+  return on_ranks(world, cfg, [&](auto& eng, const toy::ids& id) {
+    const auto info = zshard::checkpoint::load(eng, dir, {.chunk_bytes = 256});  // many chunks per shard
+    CHECK(info.saved_world_size == saved_world_size);
+    loaded_then_trained out{gather_all(eng), {}};
+    train_steps(eng, id, {}, 2, 2, global_rows);
+    out.trained = toy::all_params(eng);
+    return out;
+  });
 }
 
 }  // namespace ckpt_test

@@ -19,24 +19,10 @@ using zshard::dtype;
 
 namespace {
 
-constexpr int global_rows = 840;  // divisible by every world size here
-
 zshard::engine_config layout(int group) {
   auto c = engine_options(dtype::f32, 1, 8);
   c.hybrid.shard_group_size = group;
   return c;
-}
-
-void check_close(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t p = 0; p < got.size(); ++p) {
-    double diff = 0, norm = 0;
-    for (std::size_t i = 0; i < got[p].size(); ++i) {
-      diff += std::pow(double(got[p][i]) - want[p][i], 2);
-      norm += std::pow(double(want[p][i]), 2);
-    }
-    CHECK(std::sqrt(diff) <= 1e-5 * std::sqrt(norm));
-  }
 }
 
 int rank_files(const std::string& dir) {
@@ -46,10 +32,10 @@ int rank_files(const std::string& dir) {
   return n;
 }
 
-struct shape {
+struct layout_shape {
   int world, group;  // group 0: plain ZeRO-3
 };
-std::string name(shape s) {
+std::string name(layout_shape s) {
   return s.group == 0 || s.group == s.world ? "ZeRO-3 on " + std::to_string(s.world)
                                             : std::to_string(s.world / s.group) + " x " + std::to_string(s.group);
 }
@@ -58,15 +44,10 @@ std::string name(shape s) {
 
 TEST_CASE("checkpoints move between hybrid and plain ZeRO-3 layouts of other world sizes") {
   const toy::config mc{};
-  toy::train_options ro;
-  ro.world = 1;
-  ro.rows = global_rows;
-  ro.steps = 4;
-  ro.engine = layout(0);
-  const auto reference = toy::train_reference(ro).params;
-  const shape saves[] = {{4, 2}, {6, 3}, {3, 0}};
-  const shape loads[] = {{1, 0}, {3, 0}, {4, 2}, {8, 4}, {6, 2}};
-  for (const shape a : saves) {
+  const auto reference = reference_params(layout(0));
+  const layout_shape saves[] = {{4, 2}, {6, 3}, {3, 0}};
+  const layout_shape loads[] = {{1, 0}, {3, 0}, {4, 2}, {8, 4}, {6, 2}};
+  for (const layout_shape a : saves) {
     temp_dir dir;
     const full_state saved = on_ranks(a.world, layout(a.group), [&](auto& eng, const toy::ids& id) {
       train_steps(eng, id, mc, 0, 2, global_rows);
@@ -74,20 +55,9 @@ TEST_CASE("checkpoints move between hybrid and plain ZeRO-3 layouts of other wor
       return gather_all(eng);
     });
     CHECK(rank_files(dir.path()) == (a.group == 0 ? a.world : a.group));  // one replica group wrote
-    for (const shape b : loads) {
+    for (const layout_shape b : loads) {
       INFO("saved under " << name(a) << ", loaded under " << name(b));
-      struct result {
-        full_state loaded;
-        std::vector<std::vector<float>> trained;
-      };
-      const result r = on_ranks(b.world, layout(b.group), [&](auto& eng, const toy::ids& id) {
-        const auto info = ck::load(eng, dir.path(), {.chunk_bytes = 256});
-        CHECK(info.saved_world_size == (a.group == 0 ? a.world : a.group));
-        result out{gather_all(eng), {}};
-        train_steps(eng, id, mc, 2, 2, global_rows);
-        for (zshard::param_id p = 0; p < eng.spec().params().size(); ++p) out.trained.push_back(eng.gather_param(p));
-        return out;
-      });
+      const loaded_then_trained r = load_and_train(b.world, layout(b.group), dir.path(), a.group == 0 ? a.world : a.group);
       CHECK(same_bits(r.loaded, saved));
       check_close(r.trained, reference);
     }

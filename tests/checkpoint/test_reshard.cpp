@@ -15,34 +15,12 @@ namespace ck = zshard::checkpoint;
 using namespace ckpt_test;
 using zshard::dtype;
 
-namespace {
-
-constexpr int global_rows = 840;  // divisible by 1..8: the same global batch at every world size
-
-void check_close(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t p = 0; p < got.size(); ++p) {
-    double diff = 0, norm = 0;
-    for (std::size_t i = 0; i < got[p].size(); ++i) {
-      diff += std::pow(double(got[p][i]) - want[p][i], 2);
-      norm += std::pow(double(want[p][i]), 2);
-    }
-    CHECK(std::sqrt(diff) <= 1e-5 * std::sqrt(norm));
-  }
-}
-
-}  // namespace
 
 TEST_CASE("resharding: saved at every world size A in 1..8, loaded at every B in 1..8, other layout") {
   const toy::config mc{};
   const auto save_cfg = engine_options(dtype::f32, 1, 0);  // everything sharded, no alignment
   const auto load_cfg = engine_options(dtype::f32, 4, 8);  // aligned shards, small parameters replicated
-  toy::train_options ro;
-  ro.world = 1;
-  ro.rows = global_rows;
-  ro.steps = 4;
-  ro.engine = save_cfg;
-  const auto reference = toy::train_reference(ro).params;  // 4 uninterrupted steps in float64
+  const auto reference = reference_params(save_cfg);  // 4 uninterrupted steps in float64
   for (int a = 1; a <= 8; ++a) {
     temp_dir dir;
     const full_state saved = on_ranks(a, save_cfg, [&](auto& eng, const toy::ids& id) {
@@ -52,18 +30,7 @@ TEST_CASE("resharding: saved at every world size A in 1..8, loaded at every B in
     });
     for (int b = 1; b <= 8; ++b) {
       INFO("saved at world " << a << ", loaded at world " << b);
-      struct result {
-        full_state loaded;
-        std::vector<std::vector<float>> trained;
-      };
-      const result r = on_ranks(b, load_cfg, [&](auto& eng, const toy::ids& id) {
-        const auto info = ck::load(eng, dir.path(), {.chunk_bytes = 256});  // many chunks per shard
-        CHECK(info.saved_world_size == a);
-        result out{gather_all(eng), {}};
-        train_steps(eng, id, mc, 2, 2, global_rows);
-        for (zshard::param_id p = 0; p < eng.spec().params().size(); ++p) out.trained.push_back(eng.gather_param(p));
-        return out;
-      });
+      const loaded_then_trained r = load_and_train(b, load_cfg, dir.path(), a);
       CHECK(same_bits(r.loaded, saved));
       check_close(r.trained, reference);
     }

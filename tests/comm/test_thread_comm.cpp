@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -158,20 +159,30 @@ TEST_CASE("all_gather: every world size, dtype and count; out of place and in pl
   }
 }
 
+namespace {
+
+// Every count x dtype x operation, out of place and in place.
+struct reduce_case {
+  std::size_t count;
+  dtype t;
+  reduce_op op;
+  bool in_place;
+};
+std::vector<reduce_case> reduce_cases(std::initializer_list<std::size_t> counts, std::initializer_list<reduce_op> ops) {
+  std::vector<reduce_case> cases;
+  for (std::size_t n : counts)
+    for (dtype t : all_dtypes)
+      for (reduce_op op : ops)
+        for (bool in_place : {false, true}) cases.push_back({n, t, op, in_place});
+  return cases;
+}
+
+}  // namespace
+
 TEST_CASE("reduce_scatter: sum and average, every world size and dtype; in place") {
-  const std::size_t counts[] = {0, 1, 5, 257, 3000};  // 3000 > one internal chunk
+  // 3000 > one internal chunk
+  const auto cases = reduce_cases({0, 1, 5, 257, 3000}, {reduce_op::sum, reduce_op::average});
   for (int world = 1; world <= 8; ++world) {
-    struct rs_case {
-      std::size_t count;
-      dtype t;
-      reduce_op op;
-      bool in_place;
-    };
-    std::vector<rs_case> cases;
-    for (std::size_t n : counts)
-      for (dtype t : all_dtypes)
-        for (reduce_op op : {reduce_op::sum, reduce_op::average})
-          for (bool ip : {false, true}) cases.push_back({n, t, op, ip});
     std::vector<std::vector<bytes>> in(cases.size()), out(cases.size());
     for (std::size_t k = 0; k < cases.size(); ++k)
       for (int r = 0; r < world; ++r) {
@@ -209,19 +220,9 @@ TEST_CASE("reduce_scatter: sum and average, every world size and dtype; in place
 }
 
 TEST_CASE("all_reduce: sum, average and max, every world size and dtype; in place") {
-  const std::size_t counts[] = {0, 1, 3, 1001, 5000};  // 5000: slices span several chunks
+  // 5000: slices span several chunks
+  const auto cases = reduce_cases({0, 1, 3, 1001, 5000}, {reduce_op::sum, reduce_op::average, reduce_op::max});
   for (int world = 1; world <= 8; ++world) {
-    struct ar_case {
-      std::size_t count;
-      dtype t;
-      reduce_op op;
-      bool in_place;
-    };
-    std::vector<ar_case> cases;
-    for (std::size_t n : counts)
-      for (dtype t : all_dtypes)
-        for (reduce_op op : {reduce_op::sum, reduce_op::average, reduce_op::max})
-          for (bool ip : {false, true}) cases.push_back({n, t, op, ip});
     std::vector<std::vector<bytes>> in(cases.size()), out(cases.size());
     for (std::size_t k = 0; k < cases.size(); ++k)
       for (int r = 0; r < world; ++r) {

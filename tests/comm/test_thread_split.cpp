@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/split_rules.hpp"
 #include "zshard/comm/null_comm.hpp"
 #include "zshard/comm/thread_comm.hpp"
 
@@ -29,22 +30,12 @@ std::vector<float> values(int parent_rank, std::size_t n, std::uint32_t seed) {
   return v;
 }
 
-struct rule {
-  const char* name;
-  int (*color)(int rank, int world);
-  int (*key)(int rank, int world);
-};
-const rule rules[] = {
-    {"parity, reversed order", [](int q, int) { return q % 2; }, [](int q, int) { return -q; }},
-    {"blocks of 3", [](int q, int) { return q / 3; }, [](int q, int) { return q; }},
-    {"last rank alone", [](int q, int n) { return q == n - 1 ? 7 : 0; }, [](int, int) { return 0; }},
-};
 
 }  // namespace
 
 TEST_CASE("thread_comm split: groups as MPI_Comm_split, collectives equal a serial reference") {
   for (int world : {1, 2, 5, 8}) {
-    for (const rule& rl : rules) {
+    for (const test_support::split_rule& rl : test_support::split_rules) {
       std::mutex mu;
       std::vector<std::string> failures;
       run_ranks(world, [&](thread_comm& comm) {
@@ -53,10 +44,7 @@ TEST_CASE("thread_comm split: groups as MPI_Comm_split, collectives equal a seri
           std::lock_guard lk(mu);
           failures.push_back("rank " + std::to_string(r) + ": " + m);
         };
-        std::vector<std::pair<int, int>> members;
-        for (int q = 0; q < world; ++q)
-          if (rl.color(q, world) == rl.color(r, world)) members.emplace_back(rl.key(q, world), q);
-        std::sort(members.begin(), members.end());
+        const auto members = test_support::split_members(rl, r, world);
         thread_comm sub = comm.split(rl.color(r, world), rl.key(r, world));
         if (sub.size() != static_cast<int>(members.size())) fail("group size");
         if (members[static_cast<std::size_t>(sub.rank())].second != r) fail("group rank");

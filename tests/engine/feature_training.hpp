@@ -35,49 +35,26 @@ inline zshard::model_spec make_spec(const plan& pl, ids& id) {
   return spec;
 }
 
-// One micro-batch; gradients of frozen parameters go to a scratch buffer, as a stack would skip them.
+// One micro-batch; gradients of frozen parameters are dropped, as a stack would skip them.
 template <class Engine>
 void run_micro_batch(Engine& eng, const toy::config& mc, const ids& id, const batch& b) {
   const int D = mc.dim, V = mc.vocab;
   const auto seq = toy::layer_sequence(mc);
-  std::vector<float> scratch;
-  auto grad = [&](auto& g, std::size_t k) -> float* {
-    const auto p = eng.spec().module(g.module()).params[k];
-    if (eng.spec().param(p).trainable) return g.grad_data(k);
-    scratch.assign(eng.spec().param(p).numel(), 0.0f);
-    return scratch.data();
+  auto add = [&](auto& g, std::size_t k, const std::vector<float>& d) {
+    if (!eng.spec().param(eng.spec().module(g.module()).params[k]).trainable) return;
+    float* out = g.grad_data(k);
+    for (std::size_t i = 0; i < d.size(); ++i) out[i] += d[i];
   };
-  std::vector<float> h;
-  {
-    auto g = eng.forward(id.embed);
-    toy::embed_forward(toy::as_f32(g.param(0)).data(), b.tokens, D, h);
-  }
-  std::vector<std::vector<float>> xs, ts;
-  for (int l : seq) {
-    auto g = eng.forward(id.layer[l]);
-    const auto W = toy::as_f32(g.param(0)), bias = toy::as_f32(g.param(1));
-    const auto s = l == 0 ? toy::as_f32(g.param(2)) : std::vector<float>{};
-    std::vector<float> t, y;
-    toy::layer_forward(W.data(), bias.data(), s.empty() ? nullptr : s.data(), h, D, t, y);
-    xs.push_back(h);
-    ts.push_back(t);
-    h = y;
-  }
-  std::vector<float> logits, dlogits, dh;
-  {
-    auto g = eng.forward(id.head);
-    toy::head_forward(toy::as_f32(g.param(0)).data(), toy::as_f32(g.param(1)).data(), h, V, D, logits);
-  }
-  toy::cross_entropy(logits, b.targets, V, eng.loss_scale(), dlogits);
+  const toy::forward_pass f = toy::engine_forward(eng, mc, id, b, toy::as_f32);
+  std::vector<float> dlogits, dh;
+  toy::cross_entropy(f.logits, b.targets, V, eng.loss_scale(), dlogits);
   eng.begin_backward();
   {
     auto g = eng.backward(id.head);
     std::vector<float> dE(std::size_t(V) * D, 0.0f), dc(V, 0.0f);
-    toy::head_backward(toy::as_f32(g.param(0)).data(), h, dlogits, V, D, dE.data(), dc.data(), dh);
-    float* gE = grad(g, 0);
-    for (std::size_t i = 0; i < dE.size(); ++i) gE[i] += dE[i];
-    float* gc = grad(g, 1);
-    for (std::size_t i = 0; i < dc.size(); ++i) gc[i] += dc[i];
+    toy::head_backward(toy::as_f32(g.param(0)).data(), f.h, dlogits, V, D, dE.data(), dc.data(), dh);
+    add(g, 0, dE);
+    add(g, 1, dc);
   }
   for (std::size_t u = seq.size(); u-- > 0;) {
     const int l = seq[u];
@@ -85,19 +62,16 @@ void run_micro_batch(Engine& eng, const toy::config& mc, const ids& id, const ba
     const auto W = toy::as_f32(g.param(0));
     const auto s = l == 0 ? toy::as_f32(g.param(2)) : std::vector<float>{};
     std::vector<float> dW(std::size_t(D) * D, 0.0f), db(D, 0.0f), dx;
-    toy::layer_backward(W.data(), s.empty() ? nullptr : s.data(), xs[u], ts[u], dh, D, dW.data(), db.data(), dx);
-    float* gW = grad(g, 0);
-    for (std::size_t i = 0; i < dW.size(); ++i) gW[i] += dW[i];
-    float* gb = grad(g, 1);
-    for (std::size_t i = 0; i < db.size(); ++i) gb[i] += db[i];
+    toy::layer_backward(W.data(), s.empty() ? nullptr : s.data(), f.xs[u], f.ts[u], dh, D, dW.data(), db.data(), dx);
+    add(g, 0, dW);
+    add(g, 1, db);
     dh = dx;
   }
   {
     auto g = eng.backward(id.embed);
     std::vector<float> dE(std::size_t(V) * D, 0.0f);
     toy::embed_backward(b.tokens, D, dh, dE.data());
-    float* gE = grad(g, 0);
-    for (std::size_t i = 0; i < dE.size(); ++i) gE[i] += dE[i];
+    add(g, 0, dE);
   }
   eng.end_backward();
 }
@@ -131,15 +105,7 @@ toy::train_result train_sharded(const plan& pl) {
       }
       reports.push_back(eng.step());
     }
-    std::vector<std::vector<float>> params;
-    for (zshard::param_id p = 0; p < eng.spec().params().size(); ++p) params.push_back(eng.gather_param(p));
-    if (rank == 0) {
-      std::lock_guard lock(mu);
-      result.params = std::move(params);
-      result.reports = std::move(reports);
-      result.peak_gathered_bytes = eng.ledger().peak(zshard::mem_category::gathered_params);
-      result.peak_grad_bucket_bytes = eng.ledger().peak(zshard::mem_category::grad_buckets);
-    }
+    toy::keep_result(eng, rank, std::move(reports), mu, result);
   });
   return result;
 }
@@ -152,8 +118,16 @@ struct reference_model {
   std::vector<std::int64_t> updates;  // per parameter: AdamW updates applied (its bias correction), as torch.optim
 };
 
-// A group claims the parameters it names or matches; the rest keep adamw's values. Decay off
-// (decay = false) means no weight decay whatever the group says.
+// A group claims the parameters it names or matches; the rest keep adamw's values.
+template <class Group>
+bool claims(const Group& g, const zshard::param_spec& p) {
+  bool in = g.match && g.match(p);
+  for (const auto& n : g.params) in = in || n == p.name;
+  return in;
+}
+
+// Each parameter's state, learning rate and weight decay. Decay off (decay = false) means no
+// weight decay whatever the group says.
 inline reference_model reference_init(const plan& pl, const zshard::model_spec& spec) {
   const auto& ps = spec.params();
   const auto& a = pl.base.engine.adamw;
@@ -166,9 +140,7 @@ inline reference_model reference_init(const plan& pl, const zshard::model_spec& 
     r.v.emplace_back(x.size(), 0.0);
     double lr = a.lr, wd = a.weight_decay;
     for (const auto& g : pl.base.engine.param_groups) {
-      bool in = g.match && g.match(ps[p]);
-      for (const auto& n : g.params) in = in || n == ps[p].name;
-      if (in) {
+      if (claims(g, ps[p])) {
         lr = g.lr.value_or(a.lr);
         wd = g.weight_decay.value_or(a.weight_decay);
       }
@@ -191,24 +163,15 @@ inline toy::train_result train_reference(const plan& pl, reference_model r) {
   // group name -> its parameters, for the lr schedule
   auto in_group = [&](const std::string& group, std::size_t p) {
     if (group == "default") {
-      for (const auto& g : o.engine.param_groups) {
-        bool in = g.match && g.match(ps[p]);
-        for (const auto& n : g.params) in = in || n == ps[p].name;
-        if (in) return false;
-      }
+      for (const auto& g : o.engine.param_groups)
+        if (claims(g, ps[p])) return false;
       return true;
     }
     for (const auto& g : o.engine.param_groups)
-      if (g.name == group) {
-        bool in = g.match && g.match(ps[p]);
-        for (const auto& n : g.params) in = in || n == ps[p].name;
-        return in;
-      }
+      if (g.name == group) return claims(g, ps[p]);
     return false;
   };
   const auto& a = o.engine.adamw;
-  const int D = o.model.dim, V = o.model.vocab;
-  const auto seq = toy::layer_sequence(o.model);
   std::int64_t t = 0;
   toy::train_result result;
   for (int step = 0; step < o.steps; ++step) {
@@ -222,28 +185,8 @@ inline toy::train_result train_reference(const plan& pl, reference_model r) {
       for (double x : r.master[p]) w[p].push_back(toy::round_to(x, ps[p].type.value_or(o.engine.param_dtype)));
       grad[p].assign(r.master[p].size(), 0.0);
     }
-    const batch global = toy::make_batch(V, std::uint64_t(step), o.world * o.micro_batches * o.rows);
-    std::vector<double> h, logits, dlogits, dh;
-    toy::embed_forward(w[id.E].data(), global.tokens, D, h);
-    std::vector<std::vector<double>> xs, ts;
-    for (int l : seq) {
-      std::vector<double> tt, y;
-      toy::layer_forward(w[id.W[l]].data(), w[id.b[l]].data(), l == 0 ? w[id.s[0]].data() : nullptr, h, D, tt, y);
-      xs.push_back(h);
-      ts.push_back(tt);
-      h = y;
-    }
-    toy::head_forward(w[id.E].data(), w[id.c].data(), h, V, D, logits);
-    toy::cross_entropy(logits, global.targets, V, 1.0, dlogits);
-    toy::head_backward(w[id.E].data(), h, dlogits, V, D, grad[id.E].data(), grad[id.c].data(), dh);
-    for (std::size_t u = seq.size(); u-- > 0;) {
-      const int l = seq[u];
-      std::vector<double> dx;
-      toy::layer_backward(w[id.W[l]].data(), l == 0 ? w[id.s[0]].data() : nullptr, xs[u], ts[u], dh, D,
-                          grad[id.W[l]].data(), grad[id.b[l]].data(), dx);
-      dh = dx;
-    }
-    toy::embed_backward(global.tokens, D, dh, grad[id.E].data());
+    toy::reference_grads(o.model, id, w,
+                         toy::make_batch(o.model.vocab, std::uint64_t(step), o.world * o.micro_batches * o.rows), grad);
     // clip_grad_norm_ over the trainable parameters, of norm type 2, 1 or inf
     const double type = o.engine.clip_norm_type;
     double acc = 0;

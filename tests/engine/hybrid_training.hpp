@@ -16,31 +16,13 @@ template <class Engine>
 void run_checkpointed_micro_batch(Engine& eng, const config& mc, const ids& id, const batch& b) {
   const int D = mc.dim, V = mc.vocab;
   const auto seq = layer_sequence(mc);
-  std::vector<float> h;
-  {
-    auto g = eng.forward(id.embed);
-    embed_forward(as_f32(g.param(0)).data(), b.tokens, D, h);
-  }
-  std::vector<std::vector<float>> xs;
-  for (int l : seq) {
-    auto g = eng.forward(id.layer[l]);
-    const auto W = as_f32(g.param(0)), bias = as_f32(g.param(1));
-    const auto s = l == 0 ? as_f32(g.param(2)) : std::vector<float>{};
-    std::vector<float> t, y;
-    layer_forward(W.data(), bias.data(), s.empty() ? nullptr : s.data(), h, D, t, y);
-    xs.push_back(h);  // the checkpoint: t is dropped and recomputed in backward
-    h = y;
-  }
-  std::vector<float> logits, dlogits, dh;
-  {
-    auto g = eng.forward(id.head);
-    head_forward(as_f32(g.param(0)).data(), as_f32(g.param(1)).data(), h, V, D, logits);
-  }
-  cross_entropy(logits, b.targets, V, eng.loss_scale(), dlogits);
+  const forward_pass f = engine_forward(eng, mc, id, b, as_f32, zshard::use_kind::counted, /*checkpointed=*/true);
+  std::vector<float> dlogits, dh;
+  cross_entropy(f.logits, b.targets, V, eng.loss_scale(), dlogits);
   eng.begin_backward();
   {
     auto g = eng.backward(id.head);
-    head_backward(as_f32(g.param(0)).data(), h, dlogits, V, D, g.grad_data(0), g.grad_data(1), dh);
+    head_backward(as_f32(g.param(0)).data(), f.h, dlogits, V, D, g.grad_data(0), g.grad_data(1), dh);
   }
   for (std::size_t u = seq.size(); u-- > 0;) {
     const int l = seq[u];
@@ -48,14 +30,14 @@ void run_checkpointed_micro_batch(Engine& eng, const config& mc, const ids& id, 
     {
       auto g = eng.recompute(id.layer[l]);
       const auto s = l == 0 ? as_f32(g.param(2)) : std::vector<float>{};
-      layer_forward(as_f32(g.param(0)).data(), as_f32(g.param(1)).data(), s.empty() ? nullptr : s.data(), xs[u], D,
-                    t, y);
+      layer_forward(as_f32(g.param(0)).data(), as_f32(g.param(1)).data(), s.empty() ? nullptr : s.data(),
+                    f.xs[u], D, t, y);
     }
     auto g = eng.backward(id.layer[l]);
     const auto W = as_f32(g.param(0));
     const auto s = l == 0 ? as_f32(g.param(2)) : std::vector<float>{};
     std::vector<float> dx;
-    layer_backward(W.data(), s.empty() ? nullptr : s.data(), xs[u], t, dh, D, g.grad_data(0), g.grad_data(1), dx);
+    layer_backward(W.data(), s.empty() ? nullptr : s.data(), f.xs[u], t, dh, D, g.grad_data(0), g.grad_data(1), dx);
     dh = dx;
   }
   {
@@ -68,24 +50,9 @@ void run_checkpointed_micro_batch(Engine& eng, const config& mc, const ids& id, 
 // An evaluation pass: every module under use_kind::no_grad (never counted, no backward).
 template <class Engine>
 float run_no_grad_pass(Engine& eng, const config& mc, const ids& id, const batch& b) {
-  const int D = mc.dim, V = mc.vocab;
-  std::vector<float> h, logits, dlogits;
-  {
-    auto g = eng.forward(id.embed, zshard::use_kind::no_grad);
-    embed_forward(as_f32(g.param(0)).data(), b.tokens, D, h);
-  }
-  for (int l : layer_sequence(mc)) {
-    auto g = eng.forward(id.layer[l], zshard::use_kind::no_grad);
-    const auto s = l == 0 ? as_f32(g.param(2)) : std::vector<float>{};
-    std::vector<float> t, y;
-    layer_forward(as_f32(g.param(0)).data(), as_f32(g.param(1)).data(), s.empty() ? nullptr : s.data(), h, D, t, y);
-    h = y;
-  }
-  {
-    auto g = eng.forward(id.head, zshard::use_kind::no_grad);
-    head_forward(as_f32(g.param(0)).data(), as_f32(g.param(1)).data(), h, V, D, logits);
-  }
-  return cross_entropy(logits, b.targets, V, 1.0f, dlogits);
+  const forward_pass f = engine_forward(eng, mc, id, b, as_f32, zshard::use_kind::no_grad);
+  std::vector<float> dlogits;
+  return cross_entropy(f.logits, b.targets, mc.vocab, 1.0f, dlogits);
 }
 
 // The per-rank loop: each step a no-grad pass on this rank's rows, then the checkpointed
@@ -103,8 +70,7 @@ void train_checkpointed_rank(Engine& eng, int rank, const train_options& o, std:
       },
       mu, result);
   if (every_rank) {
-    std::vector<std::vector<float>> params;
-    for (zshard::param_id p = 0; p < eng.spec().params().size(); ++p) params.push_back(eng.gather_param(p));
+    auto params = all_params(eng);
     std::lock_guard lock(mu);
     (*every_rank)[static_cast<std::size_t>(rank)] = std::move(params);
   }

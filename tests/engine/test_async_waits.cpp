@@ -9,32 +9,26 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "../support/scripted_comm.hpp"
+#include "../support/checked_rank.hpp"
+#include "../support/policies.hpp"
 #include "zshard/backend/host_backend.hpp"
-#include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
-#include "zshard/offload/host_adam.hpp"
-#include "zshard/testing/stream_checker.hpp"
 
 using namespace zshard;
 using namespace std::chrono_literals;
-using test_support::scripted_comm;
+using test_support::checked_rank;
+using test_support::host_offload_policies;
+using test_support::use_scope;
 using testing::checked_backend;
-using testing::checked_comm;
 
 namespace {
 
-using checked = checked_comm<thread_comm>;
-using scripted = scripted_comm<checked>;
-
-struct host_offload_policies : default_policies {
-  using offloader = offload::host_adam;
-};
+using checked = test_support::checked_thread_comm;
+using scripted = test_support::scripted_thread_comm;
 
 // A chain of `modules` modules, each a weight and a bias (odd sizes: shards do not divide evenly).
 model_spec chain_spec(int modules, std::int64_t dim) {
@@ -55,21 +49,11 @@ engine_config config() {
   return cfg;
 }
 
-// What the training stack does in a scope: read the parameters; in backward, write gradients
-// that depend on the parameters and the rank. Noted on the compute stream where checked.
+// What the training stack does in a scope: gradients that depend on the parameters and the rank.
 template <class Engine, class Note>
 void run_scope(Engine& eng, typename Engine::scope g, Note&& note) {
-  for (std::size_t k = 0; k < g.param_count(); ++k) {
-    const auto view = g.param(k);
-    note(view.data(), view.bytes(), false);
-    if (!g.is_backward()) continue;
-    const auto grad = g.grad(k);
-    note(grad.data(), grad.bytes(), true);
-    const auto w = view.template as<const float>();
-    const auto d = grad.template as<float>();
-    for (std::size_t i = 0; i < d.size(); ++i)
-      d[i] += 0.5f * w[i] + 0.01f * float(eng.comm().rank() + 1) * float(i % 7);
-  }
+  const float rank = float(eng.comm().rank() + 1);
+  use_scope(g, note, [&](std::size_t i, float w) { return 0.5f * w + 0.01f * rank * float(i % 7); });
 }
 
 template <class Engine, class Note>
@@ -83,6 +67,13 @@ void backward_all(Engine& eng, Note&& note) {
   eng.end_backward();
 }
 
+// What a rank ends training with: every parameter's value and each step's gradient norm.
+struct trained {
+  std::vector<std::vector<float>> params;
+  std::vector<double> norms;
+  bool operator==(const trained&) const = default;
+};
+
 template <class Engine>
 std::vector<std::vector<float>> all_params(Engine& eng) {
   std::vector<std::vector<float>> out;
@@ -90,25 +81,22 @@ std::vector<std::vector<float>> all_params(Engine& eng) {
   return out;
 }
 
-// The same training on host_backend, one stream: the reference values and gradient norms.
+// The same training on host_backend, one stream: the reference (rank 0's).
 template <class Policies>
-void reference(const model_spec& spec, int steps, std::vector<std::vector<float>>& params, std::vector<double>& norms) {
+trained reference(const model_spec& spec, int steps) {
+  std::vector<trained> out(2);
   run_ranks(2, [&](thread_comm& comm) {
     host_backend backend;
     engine<host_backend, thread_comm, Policies> eng(backend, comm, spec, config());
-    const auto none = [](const void*, std::size_t, bool) {};
-    std::vector<double> n;
+    trained& t = out[std::size_t(comm.rank())];
     for (int s = 0; s < steps; ++s) {
-      forward_all(eng, none);
-      backward_all(eng, none);
-      n.push_back(eng.step().grad_norm);
+      forward_all(eng, test_support::no_note);
+      backward_all(eng, test_support::no_note);
+      t.norms.push_back(eng.step().grad_norm);
     }
-    auto p = all_params(eng);
-    if (comm.rank() == 0) {
-      params = std::move(p);
-      norms = std::move(n);
-    }
+    t.params = all_params(eng);
   });
+  return out[0];
 }
 
 }  // namespace
@@ -117,18 +105,15 @@ TEST_CASE("async waits: a host wait stuck behind a hung collective ends with the
   const model_spec spec = chain_spec(3, 9);
   std::vector<std::size_t> polls(2, 0);
   run_ranks(2, [&](thread_comm& inner) {
-    checked_backend backend;
+    checked_rank r(inner);
+    auto& backend = r.backend;
+    auto& comm = r.comm;
     backend.set_wait_timeout(20s);  // far longer than the test may take: the error must come from the check
-    checked comm_checked(inner, backend);
-    scripted comm(comm_checked);
     {
       engine<checked_backend, scripted> eng(backend, comm, spec, config());
       CHECK(backend.watch().size() == 1);  // the engine registered its communicator's health check
-      const auto note = [&](const void* d, std::size_t b, bool w) {
-        backend.note_access(d, b, w, stream_role::compute);
-      };
-      forward_all(eng, note);
-      backward_all(eng, note);
+      forward_all(eng, r.note());
+      backward_all(eng, r.note());
       backend.hold_streams(true);           // the streams never finish: a collective ahead of them hangs
       comm.fail_health("ncclRemoteError");  // ... and NCCL reports why
       const auto start = std::chrono::steady_clock::now();
@@ -146,8 +131,7 @@ TEST_CASE("async waits: a host wait stuck behind a hung collective ends with the
     // The failed step broke the engine (its collective failed), so it aborted its communicator.
     CHECK_FALSE(comm.abort_reason().empty());
     backend.hold_streams(false);
-    for (const auto& v : backend.violations()) MESSAGE(v);
-    CHECK(backend.violations().empty());
+    r.check_ordered();
   });
   CHECK(polls[0] > 0);
   CHECK(polls[1] > 0);
@@ -156,121 +140,86 @@ TEST_CASE("async waits: a host wait stuck behind a hung collective ends with the
 TEST_CASE("async waits: an engine destroyed while an exception unwinds aborts its communicators") {
   const model_spec spec = chain_spec(2, 5);
   run_ranks(2, [&](thread_comm& inner) {
-    checked_backend backend;
-    checked comm_checked(inner, backend);
-    scripted comm(comm_checked);
+    checked_rank r(inner);
     try {
-      engine<checked_backend, scripted> eng(backend, comm, spec, config());
-      run_scope(eng, eng.forward(0), [](const void*, std::size_t, bool) {});
+      engine<checked_backend, scripted> eng(r.backend, r.comm, spec, config());
+      run_scope(eng, eng.forward(0), test_support::no_note);
       throw std::runtime_error("the training stack failed mid-step");
     } catch (const std::runtime_error&) {
     }
-    CHECK(comm.abort_reason().find("exception was in flight") != std::string::npos);
-    CHECK(backend.watch().size() == 0);
+    CHECK(r.comm.abort_reason().find("exception was in flight") != std::string::npos);
+    CHECK(r.backend.watch().size() == 0);
   });
 }
 
 TEST_CASE("async waits: the on-device Offloader reads the gradient statistics in one host round trip") {
   const model_spec spec = chain_spec(20, 7);  // 40 parameters
   const int steps = 2;
-  std::vector<std::vector<float>> want;
-  std::vector<double> want_norms;
-  reference<default_policies>(spec, steps, want, want_norms);
-  std::mutex mu;
-  std::vector<std::vector<float>> got;
-  std::vector<double> got_norms;
-  std::vector<std::size_t> step_waits;
+  std::vector<trained> got(2);
+  std::vector<std::vector<std::size_t>> step_waits(2);
   run_ranks(2, [&](thread_comm& inner) {
-    checked_backend backend;
-    checked comm(inner, backend);
-    std::vector<std::vector<float>> params;
-    std::vector<double> norms;
-    std::vector<std::size_t> waits;
+    checked_rank r(inner);
+    auto& backend = r.backend;
+    trained& t = got[std::size_t(inner.rank())];
     {
-      engine<checked_backend, checked> eng(backend, comm, spec, config());
-      const auto note = [&](const void* d, std::size_t b, bool w) {
-        backend.note_access(d, b, w, stream_role::compute);
-      };
+      engine<checked_backend, checked> eng(backend, r.checked, spec, config());
       for (int s = 0; s < steps; ++s) {
-        forward_all(eng, note);
-        backward_all(eng, note);
+        forward_all(eng, r.note());
+        backward_all(eng, r.note());
         const std::size_t before = backend.host_waits();
-        norms.push_back(eng.step().grad_norm);
-        waits.push_back(backend.host_waits() - before);
+        t.norms.push_back(eng.step().grad_norm);
+        step_waits[std::size_t(inner.rank())].push_back(backend.host_waits() - before);
       }
-      params = all_params(eng);
+      t.params = all_params(eng);
     }
-    for (const auto& v : backend.violations()) MESSAGE(v);
-    CHECK(backend.violations().empty());
-    std::lock_guard lock(mu);
-    if (inner.rank() != 0) return;
-    got = std::move(params);
-    got_norms = std::move(norms);
-    step_waits = std::move(waits);
+    r.check_ordered();
   });
   // One wait for the local sums (all 40 of them at once), one for the all-reduced global figure.
-  for (std::size_t w : step_waits) CHECK(w == 2);
-  CHECK(got_norms == want_norms);  // the same float64 sums, in the same order: bitwise equal
-  CHECK(got == want);
+  for (std::size_t w : step_waits[0]) CHECK(w == 2);
+  CHECK(got[0] == reference<default_policies>(spec, steps));  // the same float64 sums in the same order: bitwise
 }
 
 TEST_CASE("async waits: the host Offloader never makes the rank thread wait for the reduce stream in backward") {
   const model_spec spec = chain_spec(6, 11);
   const int steps = 2;
-  std::vector<std::vector<float>> want;
-  std::vector<double> want_norms;
-  reference<host_offload_policies>(spec, steps, want, want_norms);
-  std::mutex mu;
-  std::vector<std::vector<float>> got;
-  std::vector<double> got_norms;
+  std::vector<trained> got(2);
   run_ranks(2, [&](thread_comm& inner) {
-    checked_backend backend;
+    checked_rank r(inner);
+    auto& backend = r.backend;
     backend.set_wait_timeout(300ms);  // a wait in backward (the old behaviour) would fail the test quickly
-    checked comm(inner, backend);
-    std::vector<std::vector<float>> params;
-    std::vector<double> norms;
+    trained& t = got[std::size_t(inner.rank())];
     {
-      engine<checked_backend, checked, host_offload_policies> eng(backend, comm, spec, config());
-      const auto note = [&](const void* d, std::size_t b, bool w) {
-        backend.note_access(d, b, w, stream_role::compute);
-      };
+      engine<checked_backend, checked, host_offload_policies> eng(backend, r.checked, spec, config());
       for (int s = 0; s < steps; ++s) {
-        forward_all(eng, note);
+        forward_all(eng, r.note());
         backend.hold_streams(true);  // no copy to the host lands during backward
         const std::size_t before = backend.host_waits();
-        backward_all(eng, note);
+        backward_all(eng, r.note());
         CHECK(backend.host_waits() == before);       // never waited
         CHECK(eng.offloader().queued_chunks() > 0);  // the copies wait for the helpers, not the rank
         backend.hold_streams(false);
-        norms.push_back(eng.step().grad_norm);
+        t.norms.push_back(eng.step().grad_norm);
         CHECK(eng.offloader().queued_chunks() == 0);
       }
-      params = all_params(eng);
+      t.params = all_params(eng);
     }
-    for (const auto& v : backend.violations()) MESSAGE(v);
-    CHECK(backend.violations().empty());
-    std::lock_guard lock(mu);
-    if (inner.rank() != 0) return;
-    got = std::move(params);
-    got_norms = std::move(norms);
+    r.check_ordered();
   });
-  CHECK(got_norms == want_norms);
-  CHECK(got == want);
+  CHECK(got[0] == reference<host_offload_policies>(spec, steps));
 }
 
 TEST_CASE("async waits: a host Offloader destroyed with copies still queued gives up at once") {
   const model_spec spec = chain_spec(3, 6);
   run_ranks(2, [&](thread_comm& inner) {
-    checked_backend backend;
+    checked_rank r(inner);
+    auto& backend = r.backend;
     backend.set_wait_timeout(50ms);
-    checked comm(inner, backend);
     const auto start = std::chrono::steady_clock::now();
     {
-      engine<checked_backend, checked, host_offload_policies> eng(backend, comm, spec, config());
-      const auto none = [](const void*, std::size_t, bool) {};
-      forward_all(eng, none);
+      engine<checked_backend, checked, host_offload_policies> eng(backend, r.checked, spec, config());
+      forward_all(eng, test_support::no_note);
       backend.hold_streams(true);
-      backward_all(eng, none);
+      backward_all(eng, test_support::no_note);
       CHECK(eng.offloader().queued_chunks() > 0);
     }  // the engine's final waits time out (50 ms each); the helpers stop polling at once
     CHECK(std::chrono::steady_clock::now() - start < 10s);

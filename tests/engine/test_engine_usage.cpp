@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../support/error_capture.hpp"
+#include "../support/policies.hpp"
 #include "toy_training.hpp"
 
 using namespace zshard;
@@ -174,32 +175,27 @@ struct failing_reducer_family {
   template <class Backend, class Comm>
   using impl = failing_reducer<Backend, Comm>;
 };
-struct failing_policies : default_policies {
-  using reducer = failing_reducer_family;
-};
+using failing_policies = test_support::with_reducer<failing_reducer_family>;
 
 }  // namespace
 
 TEST_CASE("a failure when a scope closes in its destructor is not lost: the next engine call rethrows it") {
-  run_ranks(1, [](thread_comm& comm) {
-    toy::ids id;
-    host_backend backend;
-    engine<host_backend, thread_comm, failing_policies> eng(backend, comm, toy::make_spec({}, id), {});
-    { auto g = eng.forward(id.embed); }
-    eng.begin_backward();
-    { auto g = eng.backward(id.embed); }  // the destructor cannot throw: the engine keeps the error
-    CHECK_THROWS_WITH_AS(eng.end_backward(), doctest::Contains("reduce_scatter failed (injected)"), error);
-    CHECK_THROWS_WITH_AS(eng.step(), doctest::Contains("injected"), error);  // and stays broken
-  });
-  // close() reports the same failure directly
-  run_ranks(1, [](thread_comm& comm) {
-    toy::ids id;
-    host_backend backend;
-    engine<host_backend, thread_comm, failing_policies> eng(backend, comm, toy::make_spec({}, id), {});
-    { auto g = eng.forward(id.embed); }
-    eng.begin_backward();
-    auto g = eng.backward(id.embed);
-    CHECK_THROWS_WITH_AS(g.close(), doctest::Contains("injected"), error);
-    CHECK_THROWS_WITH_AS(eng.end_backward(), doctest::Contains("injected"), error);  // broken from here on
-  });
+  for (bool close_explicitly : {false, true}) {
+    run_ranks(1, [&](thread_comm& comm) {
+      toy::ids id;
+      host_backend backend;
+      engine<host_backend, thread_comm, failing_policies> eng(backend, comm, toy::make_spec({}, id), {});
+      { auto g = eng.forward(id.embed); }
+      eng.begin_backward();
+      if (close_explicitly) {  // close() reports the failure directly
+        auto g = eng.backward(id.embed);
+        CHECK_THROWS_WITH_AS(g.close(), doctest::Contains("injected"), error);
+        CHECK_THROWS_WITH_AS(eng.end_backward(), doctest::Contains("injected"), error);  // broken from here on
+        return;
+      }
+      { auto g = eng.backward(id.embed); }  // the destructor cannot throw: the engine keeps the error
+      CHECK_THROWS_WITH_AS(eng.end_backward(), doctest::Contains("reduce_scatter failed (injected)"), error);
+      CHECK_THROWS_WITH_AS(eng.step(), doctest::Contains("injected"), error);  // and stays broken
+    });
+  }
 }

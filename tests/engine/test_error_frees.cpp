@@ -10,21 +10,17 @@
 #include <string>
 #include <vector>
 
-#include "../support/scripted_comm.hpp"
-#include "zshard/comm/thread_comm.hpp"
+#include "../support/checked_rank.hpp"
 #include "zshard/engine/engine.hpp"
-#include "zshard/testing/stream_checker.hpp"
 
 using namespace zshard;
+using test_support::checked_rank;
 using test_support::collective;
-using test_support::scripted_comm;
 using testing::checked_backend;
-using testing::checked_comm;
 
 namespace {
 
-using scripted = scripted_comm<checked_comm<thread_comm>>;
-using checked_engine = engine<checked_backend, scripted>;
+using checked_engine = engine<checked_backend, test_support::scripted_thread_comm>;
 
 model_spec make_spec() {
   model_spec spec;
@@ -36,7 +32,7 @@ model_spec make_spec() {
   return spec;
 }
 
-engine_config config() {
+engine_config eager_reduce_config() {
   engine_config cfg;
   cfg.partition.persistence_threshold_numel = 8;  // biases replicated: their reductions are all-reduces
   cfg.reduce.reduce_bucket_numel = 1;             // one reduction per gradient, as soon as it completes
@@ -48,14 +44,7 @@ engine_config config() {
 
 template <class Note>
 void run_scope(checked_engine::scope g, Note&& note) {
-  for (std::size_t k = 0; k < g.param_count(); ++k) {
-    const auto view = g.param(k);
-    note(view.data(), view.bytes(), false);
-    if (!g.is_backward()) continue;
-    const auto grad = g.grad(k);
-    note(grad.data(), grad.bytes(), true);
-    for (float& x : grad.template as<float>()) x += 1.0f;
-  }
+  test_support::use_scope(g, note, [](std::size_t, float) { return 1.0f; });
 }
 
 struct failure {
@@ -63,23 +52,20 @@ struct failure {
   std::size_t call;  // counted from the end of construction
 };
 
-// Runs one step on 2 ranks with `f` scripted on both; returns every rank's violations, and
-// checks the failure surfaced and the ledger is back to its empty state.
-std::vector<std::string> run_failing(const failure& f, bool& failed_as_scripted) {
+// Runs one step on 2 ranks with `f` scripted on both: the failure surfaces on both, what its
+// collective used is freed where it was used (no unordered access), and nothing leaks.
+void check_failure_frees(const failure& f) {
   const model_spec spec = make_spec();
   std::vector<std::string> violations;
   std::vector<int> failed(2, 0);
   std::mutex mu;
   run_ranks(2, [&](thread_comm& inner) {
-    checked_backend backend;
-    checked_comm<thread_comm> checked(inner, backend);
-    scripted comm(checked);
+    checked_rank r(inner);
+    auto& comm = r.comm;
     {
-      checked_engine eng(backend, comm, spec, config());
+      checked_engine eng(r.backend, comm, spec, eager_reduce_config());
       comm.fail_call(f.kind, f.call);
-      const auto note = [&](const void* d, std::size_t b, bool w) {
-        backend.note_access(d, b, w, stream_role::compute);
-      };
+      const auto note = r.note();
       try {
         const module_id last = spec.modules().size() - 1;
         for (module_id m = 0; m <= last; ++m) run_scope(eng.forward(m), note);
@@ -100,12 +86,12 @@ std::vector<std::string> run_failing(const failure& f, bool& failed_as_scripted)
         }
       }
     }
-    CHECK(backend.ledger().total_current() == 0);  // nothing leaked on the failure path
-    std::lock_guard lock(mu);
-    for (const auto& v : backend.violations()) violations.push_back("rank " + std::to_string(inner.rank()) + ": " + v);
+    CHECK(r.backend.ledger().total_current() == 0);  // nothing leaked on the failure path
+    r.report(violations, mu);
   });
-  failed_as_scripted = failed[0] == 1 && failed[1] == 1;
-  return violations;
+  CHECK(failed == std::vector<int>{1, 1});
+  for (const auto& line : violations) MESSAGE(line);
+  CHECK(violations.empty());
 }
 
 }  // namespace
@@ -113,30 +99,18 @@ std::vector<std::string> run_failing(const failure& f, bool& failed_as_scripted)
 TEST_CASE("error paths: a reduce-scatter that fails after it ran frees its buffers on the reduce stream") {
   for (std::size_t call : {1, 2, 5}) {
     INFO("reduce-scatter #", call);
-    bool failed = false;
-    const auto v = run_failing({collective::reduce_scatter, call}, failed);
-    for (const auto& line : v) MESSAGE(line);
-    CHECK(failed);
-    CHECK(v.empty());
+    check_failure_frees({collective::reduce_scatter, call});
   }
 }
 
 TEST_CASE("error paths: an all-reduce of a replicated gradient that fails frees it on the reduce stream") {
-  bool failed = false;
-  const auto v = run_failing({collective::all_reduce, 2}, failed);
-  for (const auto& line : v) MESSAGE(line);
-  CHECK(failed);
-  CHECK(v.empty());
+  check_failure_frees({collective::all_reduce, 2});
 }
 
 TEST_CASE("error paths: an all-gather that fails after begin_gather frees its buffer on the gather stream") {
   for (std::size_t call : {1, 2, 3, 6}) {  // first of a group, inside one, a gather ahead, in backward
     INFO("all-gather #", call);
-    bool failed = false;
-    const auto v = run_failing({collective::all_gather, call}, failed);
-    for (const auto& line : v) MESSAGE(line);
-    CHECK(failed);
-    CHECK(v.empty());
+    check_failure_frees({collective::all_gather, call});
   }
 }
 

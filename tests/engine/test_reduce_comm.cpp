@@ -9,27 +9,21 @@
 #include <string>
 #include <vector>
 
+#include "../support/checked_rank.hpp"
 #include "../support/error_capture.hpp"
-#include "../support/scripted_comm.hpp"
+#include "../support/policies.hpp"
 #include "zshard/backend/host_backend.hpp"
-#include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
-#include "zshard/offload/host_adam.hpp"
-#include "zshard/testing/stream_checker.hpp"
 
 using namespace zshard;
+using test_support::checked_rank;
 using test_support::collective;
-using test_support::scripted_comm;
+using test_support::host_offload_policies;
 using testing::checked_backend;
-using testing::checked_comm;
 
 namespace {
 
-using counted = scripted_comm<checked_comm<thread_comm>>;
-
-struct host_offload_policies : default_policies {
-  using offloader = offload::host_adam;
-};
+using counted = test_support::scripted_thread_comm;
 
 // Shared weights (module 0 and the last use one table), replicated biases, a checkpointed re-run.
 model_spec make_spec(std::int64_t dim) {
@@ -58,18 +52,9 @@ engine_config config(std::size_t bucket, bool tight) {
 
 template <class Engine, class Note>
 void train(Engine& eng, int steps, Note&& note) {
+  const float rank = float(eng.comm().rank() + 1);
   const auto run = [&](typename Engine::scope g) {
-    for (std::size_t k = 0; k < g.param_count(); ++k) {
-      const auto view = g.param(k);
-      note(view.data(), view.bytes(), false);
-      if (!g.is_backward()) continue;
-      const auto grad = g.grad(k);
-      note(grad.data(), grad.bytes(), true);
-      const auto w = view.template as<const float>();
-      const auto d = grad.template as<float>();
-      for (std::size_t i = 0; i < d.size(); ++i)
-        d[i] += 0.25f * w[i] + 0.01f * float(eng.comm().rank() + 1) * float(i % 5);
-    }
+    test_support::use_scope(g, note, [&](std::size_t i, float w) { return 0.25f * w + 0.01f * rank * float(i % 5); });
   };
   const module_id last = eng.spec().modules().size() - 1;
   for (int s = 0; s < steps; ++s) {
@@ -92,7 +77,7 @@ std::vector<std::vector<float>> one_comm_reference(const model_spec& spec, const
   run_ranks(world, [&](thread_comm& comm) {
     host_backend backend;
     engine<host_backend, thread_comm, Policies> eng(backend, comm, spec, cfg);
-    train(eng, 2, [](const void*, std::size_t, bool) {});
+    train(eng, 2, test_support::no_note);
     std::vector<std::vector<float>> params;
     for (param_id p = 0; p < spec.params().size(); ++p) params.push_back(eng.gather_param(p));
     if (comm.rank() == 0) out = std::move(params);
@@ -110,17 +95,18 @@ void check_two_comms(int world, std::size_t bucket, bool tight) {
   std::vector<std::vector<float>> got;
   std::vector<std::string> violations;
   run_ranks(world, [&](thread_comm& inner) {
+    checked_rank r(inner);  // the gathers' communicator
+    auto& comm = r.comm;
     thread_comm reduce_inner(reduce_world, inner.rank());
-    checked_backend backend;
-    checked_comm<thread_comm> gather_checked(inner, backend), reduce_checked(reduce_inner, backend);
-    counted comm(gather_checked), reduce_comm(reduce_checked);
+    test_support::checked_thread_comm reduce_checked(reduce_inner, r.backend);
+    counted reduce_comm(reduce_checked);
     std::vector<std::vector<float>> params;
     {
-      engine<checked_backend, counted, Policies> eng(backend, comm, reduce_comm, spec, cfg);
+      engine<checked_backend, counted, Policies> eng(r.backend, comm, reduce_comm, spec, cfg);
       CHECK(eng.separate_reduce_comm());
       CHECK(&eng.reduce_comm() == &reduce_comm);
       const std::size_t construction_gathers = comm.calls(collective::all_gather);
-      train(eng, 2, [&](const void* d, std::size_t b, bool w) { backend.note_access(d, b, w, stream_role::compute); });
+      train(eng, 2, r.note());
       // Reductions on the reduce communicator only; gathers and the step's statistics on the other.
       CHECK(reduce_comm.calls(collective::reduce_scatter) > 0);
       CHECK(reduce_comm.calls(collective::all_reduce) > 0);  // replicated biases
@@ -131,8 +117,7 @@ void check_two_comms(int world, std::size_t bucket, bool tight) {
       CHECK(comm.calls(collective::all_gather) > construction_gathers + 2);
       for (param_id p = 0; p < spec.params().size(); ++p) params.push_back(eng.gather_param(p));
     }
-    std::lock_guard lock(mu);
-    for (const auto& v : backend.violations()) violations.push_back("rank " + std::to_string(inner.rank()) + ": " + v);
+    r.report(violations, mu);
     if (inner.rank() == 0) got = std::move(params);
   });
   for (const auto& v : violations) MESSAGE(v);

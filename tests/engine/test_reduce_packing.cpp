@@ -24,15 +24,8 @@ struct packed_run {
 
 packed_run train_counting(const toy::train_options& o) {
   packed_run out;
-  std::mutex mu;
-  run_ranks(o.world, [&](thread_comm& comm) {
-    toy::ids id;
-    host_backend backend;
-    engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
-    toy::train_rank(
-        eng, comm.rank(), o, [&](const toy::batch& b, bool inject) { toy::run_micro_batch(eng, o.model, id, b, inject); },
-        mu, out.result);
-    if (comm.rank() == 0) out.collectives = eng.reducer().collectives();
+  out.result = toy::train_sharded(o, [&](auto& eng, auto&, int rank) {
+    if (rank == 0) out.collectives = eng.reducer().collectives();
   });
   return out;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../support/error_capture.hpp"
+#include "../support/policies.hpp"
 #include "feature_training.hpp"
 
 using namespace zshard;
@@ -18,9 +19,7 @@ using test_support::message_of;
 
 namespace {
 
-struct host_offload : default_policies {
-  using offloader = offload::host_adam;
-};
+using host_offload = test_support::host_offload_policies;
 
 // The reference's gradient of the first step, mean over the global batch (float64).
 std::vector<std::vector<double>> reference_first_grads(const toy::train_options& o) {
@@ -32,30 +31,7 @@ std::vector<std::vector<double>> reference_first_grads(const toy::train_options&
     for (std::size_t i = 0; i < ps[p].numel(); ++i) w[p].push_back(float(ps[p].init(std::int64_t(i))));
     grad[p].assign(w[p].size(), 0.0);
   }
-  const int D = o.model.dim, V = o.model.vocab;
-  const auto seq = toy::layer_sequence(o.model);
-  const auto global = toy::make_batch(V, 0, o.world * o.micro_batches * o.rows);
-  std::vector<double> h, logits, dlogits, dh;
-  toy::embed_forward(w[id.E].data(), global.tokens, D, h);
-  std::vector<std::vector<double>> xs, ts;
-  for (int l : seq) {
-    std::vector<double> t, y;
-    toy::layer_forward(w[id.W[l]].data(), w[id.b[l]].data(), l == 0 ? w[id.s[0]].data() : nullptr, h, D, t, y);
-    xs.push_back(h);
-    ts.push_back(t);
-    h = y;
-  }
-  toy::head_forward(w[id.E].data(), w[id.c].data(), h, V, D, logits);
-  toy::cross_entropy(logits, global.targets, V, 1.0, dlogits);
-  toy::head_backward(w[id.E].data(), h, dlogits, V, D, grad[id.E].data(), grad[id.c].data(), dh);
-  for (std::size_t u = seq.size(); u-- > 0;) {
-    const int l = seq[u];
-    std::vector<double> dx;
-    toy::layer_backward(w[id.W[l]].data(), l == 0 ? w[id.s[0]].data() : nullptr, xs[u], ts[u], dh, D,
-                        grad[id.W[l]].data(), grad[id.b[l]].data(), dx);
-    dh = dx;
-  }
-  toy::embed_backward(global.tokens, D, dh, grad[id.E].data());
+  toy::reference_grads(o.model, id, w, toy::make_batch(o.model.vocab, 0, o.world * o.micro_batches * o.rows), grad);
   return grad;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "../support/error_capture.hpp"
+#include "../support/policies.hpp"
 #include "feature_training.hpp"
 #include "zshard/testing/invariants.hpp"
 
@@ -18,9 +19,7 @@ using test_support::message_of;
 
 namespace {
 
-struct host_offload : default_policies {
-  using offloader = offload::host_adam;
-};
+using host_offload = test_support::host_offload_policies;
 
 // Trains `pl` with the on-device and the host Offloader, on 1 and 3 ranks, against the reference.
 void check_both_offloaders(feat::plan pl, const std::string& what) {
@@ -322,9 +321,7 @@ struct no_groups {
   template <class Backend, class Comm>
   using impl = no_groups_impl<Backend, Comm>;
 };
-struct no_groups_policies : default_policies {
-  using offloader = no_groups;
-};
+using no_groups_policies = test_support::with_offloader<no_groups>;
 }  // namespace
 
 TEST_CASE("parameter groups with an Offloader that does not apply them are refused, not ignored") {

@@ -43,37 +43,54 @@ inline batch slice(const batch& global, int begin, int n) {
   return b;
 }
 
+// What one micro-batch's forward leaves for its backward.
+struct forward_pass {
+  std::vector<float> h;                    // the last layer's output: the head's input
+  std::vector<std::vector<float>> xs, ts;  // each layer use's input and pre-activation (ts: not when checkpointed)
+  std::vector<float> logits;
+};
+
+// One micro-batch's forward through the engine, every use its own scope of `kind`; read(view)
+// brings a gathered parameter to the host as floats (as_f32 on the host backend). Checkpointed:
+// each layer's pre-activation is dropped, to be recomputed in backward.
+template <class Engine, class Read>
+forward_pass engine_forward(Engine& eng, const config& mc, const ids& id, const batch& b, Read&& read,
+                            zshard::use_kind kind = zshard::use_kind::counted, bool checkpointed = false) {
+  const int D = mc.dim, V = mc.vocab;
+  forward_pass f;
+  {
+    auto g = eng.forward(id.embed, kind);
+    embed_forward(read(g.param(0)).data(), b.tokens, D, f.h);
+  }
+  for (int l : layer_sequence(mc)) {
+    auto g = eng.forward(id.layer[l], kind);
+    const auto W = read(g.param(0)), bias = read(g.param(1));
+    const auto s = l == 0 ? read(g.param(2)) : std::vector<float>{};
+    std::vector<float> t, y;
+    layer_forward(W.data(), bias.data(), s.empty() ? nullptr : s.data(), f.h, D, t, y);
+    f.xs.push_back(f.h);
+    if (!checkpointed) f.ts.push_back(std::move(t));
+    f.h = std::move(y);
+  }
+  {
+    auto g = eng.forward(id.head, kind);
+    head_forward(read(g.param(0)).data(), read(g.param(1)).data(), f.h, V, D, f.logits);
+  }
+  return f;
+}
+
 // One micro-batch through the engine: forward, backward in reverse, every use its own scope.
 template <class Engine>
 float run_micro_batch(Engine& eng, const config& mc, const ids& id, const batch& b, bool inject_inf) {
   const int D = mc.dim, V = mc.vocab;
   const auto seq = layer_sequence(mc);
-  std::vector<float> h;
-  {
-    auto g = eng.forward(id.embed);
-    embed_forward(as_f32(g.param(0)).data(), b.tokens, D, h);
-  }
-  std::vector<std::vector<float>> xs, ts;
-  for (int l : seq) {
-    auto g = eng.forward(id.layer[l]);
-    const auto W = as_f32(g.param(0)), bias = as_f32(g.param(1));
-    const auto s = l == 0 ? as_f32(g.param(2)) : std::vector<float>{};
-    std::vector<float> t, y;
-    layer_forward(W.data(), bias.data(), s.empty() ? nullptr : s.data(), h, D, t, y);
-    xs.push_back(h);
-    ts.push_back(t);
-    h = y;
-  }
-  std::vector<float> logits, dlogits, dh;
-  {
-    auto g = eng.forward(id.head);
-    head_forward(as_f32(g.param(0)).data(), as_f32(g.param(1)).data(), h, V, D, logits);
-  }
-  const float loss = cross_entropy(logits, b.targets, V, eng.loss_scale(), dlogits);
+  const forward_pass f = engine_forward(eng, mc, id, b, as_f32);
+  std::vector<float> dlogits, dh;
+  const float loss = cross_entropy(f.logits, b.targets, V, eng.loss_scale(), dlogits);
   eng.begin_backward();
   {
     auto g = eng.backward(id.head);
-    head_backward(as_f32(g.param(0)).data(), h, dlogits, V, D, g.grad_data(0), g.grad_data(1), dh);
+    head_backward(as_f32(g.param(0)).data(), f.h, dlogits, V, D, g.grad_data(0), g.grad_data(1), dh);
     if (inject_inf) g.grad_data(1)[0] = std::numeric_limits<float>::infinity();
   }
   for (std::size_t u = seq.size(); u-- > 0;) {
@@ -82,7 +99,8 @@ float run_micro_batch(Engine& eng, const config& mc, const ids& id, const batch&
     const auto W = as_f32(g.param(0));
     const auto s = l == 0 ? as_f32(g.param(2)) : std::vector<float>{};
     std::vector<float> dx;
-    layer_backward(W.data(), s.empty() ? nullptr : s.data(), xs[u], ts[u], dh, D, g.grad_data(0), g.grad_data(1), dx);
+    layer_backward(W.data(), s.empty() ? nullptr : s.data(), f.xs[u], f.ts[u], dh, D, g.grad_data(0), g.grad_data(1),
+                   dx);
     dh = dx;
   }
   {
@@ -91,6 +109,27 @@ float run_micro_batch(Engine& eng, const config& mc, const ids& id, const batch&
   }
   eng.end_backward();
   return loss;
+}
+
+// Every parameter's full value (a collective: every rank calls it).
+template <class Engine>
+std::vector<std::vector<float>> all_params(Engine& eng) {
+  std::vector<std::vector<float>> out;
+  for (zshard::param_id p : eng.spec().param_ids()) out.push_back(eng.gather_param(p));
+  return out;
+}
+
+// After training: rank 0 records the parameters, its step reports and ledger peaks in `result`.
+template <class Engine>
+void keep_result(Engine& eng, int rank, std::vector<zshard::step_report> reports, std::mutex& mu,
+                 train_result& result) {
+  auto params = all_params(eng);
+  if (rank != 0) return;
+  std::lock_guard lock(mu);
+  result.params = std::move(params);
+  result.reports = std::move(reports);
+  result.peak_gathered_bytes = eng.ledger().peak(zshard::mem_category::gathered_params);
+  result.peak_grad_bucket_bytes = eng.ledger().peak(zshard::mem_category::grad_buckets);
 }
 
 // The per-rank loop every backend shares: o.steps steps of o.micro_batches micro-batches, this
@@ -109,29 +148,26 @@ void train_rank(Engine& eng, int rank, const train_options& o, RunMicroBatch&& r
     }
     reports.push_back(eng.step());
   }
-  std::vector<std::vector<float>> params;
-  for (zshard::param_id p = 0; p < eng.spec().params().size(); ++p) params.push_back(eng.gather_param(p));
-  if (rank == 0) {
-    std::lock_guard lock(mu);
-    result.params = std::move(params);
-    result.reports = std::move(reports);
-    result.peak_gathered_bytes = eng.ledger().peak(zshard::mem_category::gathered_params);
-    result.peak_grad_bucket_bytes = eng.ledger().peak(zshard::mem_category::grad_buckets);
-  }
+  keep_result(eng, rank, std::move(reports), mu, result);
 }
 
-template <class Policies = zshard::default_policies>
-train_result train_sharded(const train_options& o) {
+// Trains the toy model on o.world thread ranks, each with its own Backend; then on every rank
+// after(engine, backend, rank) reads what a test needs besides the result (rank 0's reducer,
+// ledgers), while the engine is still alive.
+inline constexpr auto nothing_after = [](auto&, auto&, int) {};
+template <class Policies = zshard::default_policies, class Backend = zshard::host_backend,
+          class After = decltype(nothing_after)>
+train_result train_sharded(const train_options& o, After after = {}) {
   train_result result;
   std::mutex mu;
   zshard::run_ranks(o.world, [&](zshard::thread_comm& comm) {
     ids id;
-    zshard::host_backend backend;
-    zshard::engine<zshard::host_backend, zshard::thread_comm, Policies> eng(backend, comm, make_spec(o.model, id),
-                                                                             o.engine);
+    Backend backend;
+    zshard::engine<Backend, zshard::thread_comm, Policies> eng(backend, comm, make_spec(o.model, id), o.engine);
     train_rank(
         eng, comm.rank(), o, [&](const batch& b, bool inject) { run_micro_batch(eng, o.model, id, b, inject); }, mu,
         result);
+    after(eng, backend, comm.rank());
   });
   return result;
 }
@@ -147,6 +183,35 @@ inline double round_to(double x, zshard::dtype t) {
   return f;
 }
 
+// The float64 gradient of the mean loss over `global` at the working values `w` (by parameter),
+// added to `grad`: one pass over the whole batch, as a single process would train.
+inline void reference_grads(const config& mc, const ids& id, const std::vector<std::vector<double>>& w,
+                            const batch& global, std::vector<std::vector<double>>& grad) {
+  const int D = mc.dim, V = mc.vocab;
+  const auto seq = layer_sequence(mc);
+  std::vector<double> h, logits, dlogits, dh;
+  embed_forward(w[id.E].data(), global.tokens, D, h);
+  std::vector<std::vector<double>> xs, ts;
+  for (int l : seq) {
+    std::vector<double> t, y;
+    layer_forward(w[id.W[l]].data(), w[id.b[l]].data(), l == 0 ? w[id.s[0]].data() : nullptr, h, D, t, y);
+    xs.push_back(h);
+    ts.push_back(t);
+    h = y;
+  }
+  head_forward(w[id.E].data(), w[id.c].data(), h, V, D, logits);
+  cross_entropy(logits, global.targets, V, 1.0, dlogits);
+  head_backward(w[id.E].data(), h, dlogits, V, D, grad[id.E].data(), grad[id.c].data(), dh);
+  for (std::size_t u = seq.size(); u-- > 0;) {
+    const int l = seq[u];
+    std::vector<double> dx;
+    layer_backward(w[id.W[l]].data(), l == 0 ? w[id.s[0]].data() : nullptr, xs[u], ts[u], dh, D, grad[id.W[l]].data(),
+                   grad[id.b[l]].data(), dx);
+    dh = dx;
+  }
+  embed_backward(global.tokens, D, dh, grad[id.E].data());
+}
+
 inline train_result train_reference(const train_options& o) {
   ids id;
   const zshard::model_spec spec = make_spec(o.model, id);
@@ -159,8 +224,6 @@ inline train_result train_reference(const train_options& o) {
     v[p].assign(master[p].size(), 0.0);
   }
   const auto& a = o.engine.adamw;
-  const int D = o.model.dim, V = o.model.vocab;
-  const auto seq = layer_sequence(o.model);
   std::int64_t t = 0;
   train_result result;
   for (int step = 0; step < o.steps; ++step) {
@@ -171,30 +234,9 @@ inline train_result train_reference(const train_options& o) {
       for (double x : master[p]) w[p].push_back(round_to(x, type));
       grad[p].assign(master[p].size(), 0.0);
     }
-    const int n = o.world * o.micro_batches * o.rows;
-    const batch global = make_batch(V, std::uint64_t(step), n);
     // the mean over the global batch equals the mean of per-(rank, micro-batch) means
-    std::vector<double> h, logits, dlogits, dh;
-    embed_forward(w[id.E].data(), global.tokens, D, h);
-    std::vector<std::vector<double>> xs, ts;
-    for (int l : seq) {
-      std::vector<double> tt, y;
-      layer_forward(w[id.W[l]].data(), w[id.b[l]].data(), l == 0 ? w[id.s[0]].data() : nullptr, h, D, tt, y);
-      xs.push_back(h);
-      ts.push_back(tt);
-      h = y;
-    }
-    head_forward(w[id.E].data(), w[id.c].data(), h, V, D, logits);
-    cross_entropy(logits, global.targets, V, 1.0, dlogits);
-    head_backward(w[id.E].data(), h, dlogits, V, D, grad[id.E].data(), grad[id.c].data(), dh);
-    for (std::size_t u = seq.size(); u-- > 0;) {
-      const int l = seq[u];
-      std::vector<double> dx;
-      layer_backward(w[id.W[l]].data(), l == 0 ? w[id.s[0]].data() : nullptr, xs[u], ts[u], dh, D,
-                     grad[id.W[l]].data(), grad[id.b[l]].data(), dx);
-      dh = dx;
-    }
-    embed_backward(global.tokens, D, dh, grad[id.E].data());
+    reference_grads(o.model, id, w, make_batch(o.model.vocab, std::uint64_t(step), o.world * o.micro_batches * o.rows),
+                    grad);
     zshard::step_report r;
     if (step == o.overflow_step) {
       r.skipped = true;

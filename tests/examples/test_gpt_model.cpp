@@ -72,6 +72,24 @@ struct grad_checker {
     }
   }
 
+  // `samples` random elements of data[0, n) against grad.
+  void check_elements(double* data, const double* grad, gpt::index n, int samples, const std::function<double()>& f,
+                      const std::string& what) {
+    for (int s = 0; s < samples; ++s) {
+      const auto i = static_cast<gpt::index>(r.below(static_cast<int>(n)));
+      check_one(data[i], grad[i], f, what + "[" + std::to_string(i) + "]");
+    }
+  }
+
+  // Every parameter of a layer, then its input x against dx; says the worst error.
+  template <class Params, class Desc>
+  void check_layer(Params& p, const Desc& desc, mat<double>& x, const mat<double>& dx,
+                   const std::function<double()>& f, const std::string& layer) {
+    for (std::size_t k = 0; k < desc.params.size(); ++k) check(p.values[k], p.grads[k], f, desc.params[k].name);
+    check_elements(x.data(), dx.data(), x.size(), 10, f, layer + ".dx");
+    MESSAGE(layer << ": " << checked << " elements, worst relative error " << worst);
+  }
+
   void check_one(double& v, double analytic, const std::function<double()>& f, const std::string& what) {
     constexpr double eps = 1e-5;
     const double saved = v;
@@ -212,13 +230,7 @@ TEST_CASE("gradient check: block (every parameter and the input)") {
     gpt::block_forward(c, p, x, B, T, probe, y);
     return dot(y, r);
   };
-  grad_checker g;
-  for (std::size_t k = 0; k < desc.params.size(); ++k) g.check(p.values[k], p.grads[k], f, desc.params[k].name);
-  for (int s = 0; s < 10; ++s) {
-    const auto i = static_cast<gpt::index>(g.r.below(static_cast<int>(x.size())));
-    g.check_one(x.data()[i], dx.data()[i], f, "block.dx[" + std::to_string(i) + "]");
-  }
-  MESSAGE("block: " << g.checked << " elements, worst relative error " << g.worst);
+  grad_checker().check_layer(p, desc, x, dx, f, "block");
 }
 
 TEST_CASE("gradient check: head (every parameter and the input)") {
@@ -237,13 +249,7 @@ TEST_CASE("gradient check: head (every parameter and the input)") {
     gpt::head_forward(c, p, x, cache, logits);
     return dot(logits, r);
   };
-  grad_checker g;
-  for (std::size_t k = 0; k < desc.params.size(); ++k) g.check(p.values[k], p.grads[k], f, desc.params[k].name);
-  for (int s = 0; s < 10; ++s) {
-    const auto i = static_cast<gpt::index>(g.r.below(static_cast<int>(x.size())));
-    g.check_one(x.data()[i], dx.data()[i], f, "head.dx[" + std::to_string(i) + "]");
-  }
-  MESSAGE("head: " << g.checked << " elements, worst relative error " << g.worst);
+  grad_checker().check_layer(p, desc, x, dx, f, "head");
 }
 
 TEST_CASE("gradient check: cross-entropy (mean over tokens, scaled)") {
@@ -263,11 +269,7 @@ TEST_CASE("gradient check: cross-entropy (mean over tokens, scaled)") {
     gpt::cross_entropy_cache<double> probe;
     return 0.5 * gpt::cross_entropy_forward<double>(logits, targets, probe);
   };
-  grad_checker g;
-  for (int s = 0; s < 20; ++s) {
-    const auto i = static_cast<gpt::index>(g.r.below(static_cast<int>(logits.size())));
-    g.check_one(logits.data()[i], dlogits.data()[i], f, "dlogits[" + std::to_string(i) + "]");
-  }
+  grad_checker().check_elements(logits.data(), dlogits.data(), logits.size(), 20, f, "dlogits");
   CHECK_THROWS_AS(gpt::cross_entropy_forward<double>(logits, random_tokens(n, v + 5, 1), cache), std::out_of_range);
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/split_rules.hpp"
 #include "mpi_test_support.hpp"
 #include "zshard/comm/mpi_comm.hpp"
 #include "zshard/comm/thread_comm.hpp"
@@ -117,23 +118,10 @@ TEST_CASE("mpi and thread communicators give the same bits at the same world siz
 TEST_CASE("split: collectives inside sub-groups equal a serial reference over the group's members") {
   mpi_comm comm(MPI_COMM_WORLD, mpi_test::options());
   const int w = comm.size(), r = comm.rank();
-  struct rule {
-    const char* name;
-    int (*color)(int rank, int world);
-    int (*key)(int rank, int world);
-  };
-  const rule rules[] = {
-      {"parity, reversed order", [](int q, int) { return q % 2; }, [](int q, int) { return -q; }},
-      {"last rank alone", [](int q, int n) { return q == n - 1 ? 1 : 0; }, [](int q, int) { return q; }},
-      {"everyone, same key", [](int, int) { return 3; }, [](int, int) { return 0; }},
-  };
   std::uint32_t seed = 500;
-  for (const rule& rl : rules) {
+  for (const test_support::split_rule& rl : test_support::split_rules) {
     INFO(rl.name, ", world ", w);
-    std::vector<std::pair<int, int>> members;  // (key, parent rank), the group's order
-    for (int q = 0; q < w; ++q)
-      if (rl.color(q, w) == rl.color(r, w)) members.emplace_back(rl.key(q, w), q);
-    std::sort(members.begin(), members.end());
+    const auto members = test_support::split_members(rl, r, w);  // (key, parent rank), the group's order
     mpi_comm sub = comm.split(rl.color(r, w), rl.key(r, w));
     REQUIRE(sub.size() == static_cast<int>(members.size()));
     REQUIRE(members[static_cast<std::size_t>(sub.rank())].second == r);

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 
+#include "../support/policies.hpp"
 #include "../engine/toy_training.hpp"
 #include "zshard/offload/host_adam.hpp"
 
@@ -50,10 +51,8 @@ struct host_adam_with {
 };
 
 template <class Offloader>
-struct policies_with : default_policies {
-  using offloader = Offloader;
-};
-using host_policies = policies_with<offload::host_adam>;
+using policies_with = test_support::with_offloader<Offloader>;
+using host_policies = test_support::host_offload_policies;
 static_assert(check_offloader<offload::host_adam, host_backend, thread_comm>());
 static_assert(check_offloader<offload::host_adam, device_like_backend, thread_comm>());
 
@@ -79,16 +78,8 @@ struct run_result {
 template <class Backend, class Policies>
 run_result train(const toy::train_options& o) {
   run_result result;
-  std::mutex mu;
-  run_ranks(o.world, [&](thread_comm& comm) {
-    toy::ids id;
-    Backend backend;
-    engine<Backend, thread_comm, Policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
-    toy::train_rank(
-        eng, comm.rank(), o, [&](const toy::batch& b, bool inject) { toy::run_micro_batch(eng, o.model, id, b, inject); },
-        mu, result.train);
-    if (comm.rank() != 0) return;
-    std::lock_guard lock(mu);
+  result.train = toy::train_sharded<Policies, Backend>(o, [&](auto& eng, Backend& backend, int rank) {
+    if (rank != 0) return;
     result.device_optimizer_bytes = backend.ledger().current(mem_category::optimizer_state);
     result.device_grad_shard_bytes = backend.ledger().current(mem_category::grad_shards);
     const memory_ledger& host = eng.offloader().state_ledger();

@@ -265,6 +265,16 @@ TEST_CASE("adamw_config: validation names bad values as configuration errors") {
 
 // ---- loss scaling ----------------------------------------------------------------------------
 
+namespace {
+loss_scale_config dynamic_scaling(float initial_scale, int growth_interval) {
+  loss_scale_config cfg;
+  cfg.enabled = true;
+  cfg.initial_scale = initial_scale;
+  cfg.growth_interval = growth_interval;
+  return cfg;
+}
+}  // namespace
+
 TEST_CASE("loss_scaler: disabled keeps scale 1 but still counts skipped steps") {
   loss_scaler ls(loss_scale_config{});
   CHECK(!ls.enabled());
@@ -278,10 +288,7 @@ TEST_CASE("loss_scaler: disabled keeps scale 1 but still counts skipped steps") 
 }
 
 TEST_CASE("loss_scaler: backoff on overflow, floor at min_scale, growth after the interval") {
-  loss_scale_config cfg;
-  cfg.enabled = true;
-  cfg.initial_scale = 1024.0f;
-  cfg.growth_interval = 3;
+  loss_scale_config cfg = dynamic_scaling(1024.0f, 3);
   cfg.min_scale = 200.0f;
   loss_scaler ls(cfg);
   CHECK(ls.scale() == 1024.0f);
@@ -319,11 +326,7 @@ TEST_CASE("loss_scaler: backoff on overflow, floor at min_scale, growth after th
 }
 
 TEST_CASE("loss_scaler: growth stops short of infinity") {
-  loss_scale_config cfg;
-  cfg.enabled = true;
-  cfg.initial_scale = std::ldexp(1.0f, 127);
-  cfg.growth_interval = 1;
-  loss_scaler ls(cfg);
+  loss_scaler ls(dynamic_scaling(std::ldexp(1.0f, 127), 1));
   ls.update(false);
   CHECK(ls.scale() == std::ldexp(1.0f, 127));
   CHECK(std::isfinite(ls.scale()));

@@ -12,24 +12,19 @@
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
-#include "zshard/offload/host_adam.hpp"
 #include "zshard/plan/llama_shape.hpp"
 #include "zshard/plan/memory_plan.hpp"
 #include "zshard/plan/plan_table.hpp"
-#include "zshard/prefetch/on_demand.hpp"
 #include "zshard/testing/plan_check.hpp"
+#include "../support/policies.hpp"
 
 using namespace zshard;
 using namespace zshard::plan;
 
 namespace {
 
-struct host_optimizer : default_policies {
-  using offloader = offload::host_adam;
-};
-struct on_demand_policies : default_policies {
-  using prefetcher = prefetch::on_demand;
-};
+using test_support::host_offload_policies;
+using test_support::on_demand_policies;
 
 struct measured {
   memory_ledger device;
@@ -171,7 +166,7 @@ TEST_CASE("plan vs host backend: trace prefetch within budgets, reuse, replicate
   cfg.prefetch.max_reuse_distance = 1;   // keeps a recomputed block for its backward
   cfg.reduce.reduce_bucket_numel = 30'000;
   const memory_plan plan = plan_memory(model.spec, cfg, 3, schedule, {.optimizer = optimizer_location::host});
-  check_plan(plan, run_host<host_optimizer>(model.spec, cfg, 3, schedule));
+  check_plan(plan, run_host<host_offload_policies>(model.spec, cfg, 3, schedule));
 }
 
 TEST_CASE("plan vs host backend: no checkpointing, f32, default budgets (the whole model prefetched)") {

@@ -72,15 +72,27 @@ engine_config small_config(std::size_t max_live) {
   return cfg;
 }
 
-// Every rank's device ledger after `steps` steps of the schedule's cycle.
-std::vector<memory_ledger> run_host(const model_spec& spec, const engine_config& cfg, int world,
-                                    const training_schedule& schedule, int steps) {
+// Every rank's device ledger after `steps` steps of the schedule's cycle, with the modules in
+// `keep` kept gathered until their backward and, with no_sync, gradient sync off for every
+// micro-batch but a step's last.
+std::vector<memory_ledger> ledgers_after(const model_spec& spec, const engine_config& cfg, int world,
+                                         const training_schedule& schedule, int steps,
+                                         const std::vector<std::string>& keep = {}, bool no_sync = false) {
   std::mutex mu;
   std::vector<memory_ledger> out;
   run_ranks(world, [&](thread_comm& comm) {
     host_backend backend;
     engine<host_backend, thread_comm> eng(backend, comm, spec, cfg);
-    for (int s = 0; s < steps; ++s) run_program(eng, schedule.cycle[std::size_t(s) % schedule.cycle.size()]);
+    for (const auto& m : keep) eng.set_keep_gathered_until_backward(eng.spec().module_by_name(m), true);
+    for (int s = 0; s < steps; ++s) {
+      const step_program& prog = schedule.cycle[std::size_t(s) % schedule.cycle.size()];
+      int left = 0;
+      for (const auto& e : prog.events) left += e.kind == event_kind::end_backward;
+      if (no_sync) eng.set_gradient_sync(left <= 1);
+      run_program(eng, prog, [&](auto& e, const plan::schedule_event& ev) {
+        if (no_sync && ev.kind == event_kind::end_backward) e.set_gradient_sync(--left <= 1);
+      });
+    }
     std::lock_guard lock(mu);
     out.push_back(backend.ledger());
   });
@@ -96,7 +108,7 @@ TEST_CASE("schedules: tied weights, reuse, nesting, segments, no-grad every 3 st
       const engine_config cfg = small_config(max_live);
       const training_schedule schedule = model.with_eval(2);
       const memory_plan plan = plan_memory(model.spec, cfg, world, schedule);
-      for (const memory_ledger& l : run_host(model.spec, cfg, world, schedule, 7)) {
+      for (const memory_ledger& l : ledgers_after(model.spec, cfg, world, schedule, 7)) {
         std::ostringstream table;
         print_plan(table, plan, &l);
         INFO("max_live " << max_live << ", world " << world << "\n" << table.str());
@@ -116,7 +128,7 @@ TEST_CASE("schedules: the tied weight's gradient waits for its last use") {
   // From head's backward to embed's, embed.w's full f32 gradient (1200 elements) is held.
   const std::size_t largest_module = 4 * (24 * 64 + 64 * 24);
   CHECK(plan.device.peak_of(mem_category::grad_buckets) >= 4 * 1200 + largest_module);
-  const auto ledgers = run_host(model.spec, cfg, 2, training_schedule{{training_step(model.segments())}}, 2);
+  const auto ledgers = ledgers_after(model.spec, cfg, 2, training_schedule{{training_step(model.segments())}}, 2);
   for (const auto& l : ledgers)
     CHECK(l.peak(mem_category::grad_buckets) == plan.device.peak_of(mem_category::grad_buckets));
 }
@@ -189,7 +201,7 @@ TEST_CASE("schedules: recorded from the user's step function, planned, and the p
     ZSHARD_CHECK_PEAK_WITHIN_PLAN(backend.ledger(), plan.device);
   });
   // The recording replays through the engine as the same calls.
-  const auto ledgers = run_host(model.spec, cfg, 3, recorded, 4);
+  const auto ledgers = ledgers_after(model.spec, cfg, 3, recorded, 4);
   for (const auto& l : ledgers) ZSHARD_CHECK_PEAK_WITHIN_PLAN(l, plan.device);
   // A step function that misuses the engine fails while recording, with the engine's error.
   CHECK_THROWS_WITH_AS(record_schedule(model.spec, cfg, 2, [&](auto& eng) { eng.backward(model.head).close(); }),
@@ -261,35 +273,6 @@ TEST_CASE("plan: GPU terms are beside the ledger and count in fits") {
   CHECK_FALSE(gpu.fits(gpu.device_total() - 1));
 }
 
-namespace {
-
-// Every rank's device ledger after `steps` steps, with the modules in `keep` kept gathered until
-// their backward and, with no_sync, gradient sync off for every micro-batch but a step's last.
-std::vector<memory_ledger> run_host_controlled(const model_spec& spec, const engine_config& cfg, int world,
-                                               const training_schedule& schedule, int steps,
-                                               const std::vector<std::string>& keep, bool no_sync) {
-  std::mutex mu;
-  std::vector<memory_ledger> out;
-  run_ranks(world, [&](thread_comm& comm) {
-    host_backend backend;
-    engine<host_backend, thread_comm> eng(backend, comm, spec, cfg);
-    for (const auto& m : keep) eng.set_keep_gathered_until_backward(eng.spec().module_by_name(m), true);
-    for (int s = 0; s < steps; ++s) {
-      const step_program& prog = schedule.cycle[std::size_t(s) % schedule.cycle.size()];
-      int left = 0;
-      for (const auto& e : prog.events) left += e.kind == event_kind::end_backward;
-      if (no_sync) eng.set_gradient_sync(left <= 1);
-      run_program(eng, prog, [&](auto& e, const plan::schedule_event& ev) {
-        if (no_sync && ev.kind == event_kind::end_backward) e.set_gradient_sync(--left <= 1);
-      });
-    }
-    std::lock_guard lock(mu);
-    out.push_back(backend.ledger());
-  });
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("plan: kept-gathered modules and no-sync accumulation are planned, and the plan bounds the run") {
   const small_model model;
@@ -301,7 +284,7 @@ TEST_CASE("plan: kept-gathered modules and no-sync accumulation are planned, and
       const memory_plan plain = plan_memory(model.spec, cfg, world, schedule);
       const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
                                            {.keep_gathered_until_backward = keep, .no_sync = true});
-      for (const memory_ledger& l : run_host_controlled(model.spec, cfg, world, schedule, 6, keep, true)) {
+      for (const memory_ledger& l : ledgers_after(model.spec, cfg, world, schedule, 6, keep, true)) {
         std::ostringstream table;
         print_plan(table, plan, &l);
         INFO("max_live " << max_live << ", world " << world << "\n" << table.str());

@@ -10,13 +10,10 @@
 #include <sstream>
 #include <string>
 
-#include "../support/legacy/legacy_prefetcher.hpp"
-#include "../support/legacy/legacy_reducer.hpp"
-#include "../support/legacy/legacy_tracker.hpp"
 #include "zshard/plan/phantom_run.hpp"
 #include "zshard/plan/plan_table.hpp"
 #include "zshard/testing/invariants.hpp"
-#include "../../bench/seed_scenario.hpp"
+#include "../../bench/seed_legacy.hpp"
 
 using namespace zshard;
 using namespace zshard::plan;
@@ -28,15 +25,6 @@ double relative_error(std::size_t planned, std::size_t measured) {
   return std::abs(double(planned) - double(measured)) / double(measured);
 }
 
-struct legacy_tracker_policies : seed_policies {
-  using hook_tracker = legacy::tracker;
-};
-struct legacy_prefetch_policies : seed_policies {
-  using prefetcher = legacy::prefetch_count;
-};
-struct legacy_reducer_policies : seed_policies {
-  using reducer = legacy::copy_bucket;
-};
 
 // Logs from the engine and its policies (a prefetch trace divergence would be one).
 struct captured_log {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/policies.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
@@ -31,9 +32,7 @@ model_spec chain() {
 }
 
 template <class P>
-struct policies_with : default_policies {
-  using prefetcher = P;
-};
+using policies_with = test_support::with_prefetcher<P>;
 
 struct observed {
   std::vector<std::vector<std::size_t>> resident;  // per step, resident numel inside each scope

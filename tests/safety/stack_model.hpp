@@ -2,7 +2,10 @@
 // A model of same-size blocks (what makes diverging ranks dangerous: every gather of one block
 // pairs with a gather of any other) and experts (routing), driven by a per-rank schedule, with
 // an untagged communicator that stands in for NCCL (it cannot carry collective tags).
+#include <doctest/doctest.h>
+
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -68,6 +71,13 @@ struct schedule {
 struct outcome {
   std::optional<std::string> error;  // what run_ranks rethrew
   std::vector<int> trained;          // per rank: did any shard change
+
+  // The run failed with an error that says every one of `parts`.
+  void check_error_says(std::initializer_list<std::string> parts) const {
+    REQUIRE(error);
+    INFO(*error);
+    for (const auto& part : parts) CHECK(error->find(part) != std::string::npos);
+  }
 };
 
 // One step of schedules[rank] on every rank (gradients filled with fixed values), then a

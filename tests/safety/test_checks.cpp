@@ -5,6 +5,7 @@
 
 #include <limits>
 
+#include "../support/policies.hpp"
 #include "stack_model.hpp"
 #include "../support/error_capture.hpp"
 #include "zshard/backend/phantom_backend.hpp"
@@ -99,9 +100,7 @@ struct broken {
 };
 
 template <class Partitioner>
-struct with : default_policies {
-  using partitioner = Partitioner;
-};
+using with = test_support::with_partitioner<Partitioner>;
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "../support/policies.hpp"
 #include "stack_model.hpp"
 #include "../support/error_capture.hpp"
 #include "zshard/track/use_counter.hpp"
@@ -220,9 +221,7 @@ struct forgetful : track::use_counter {
     std::erase(completed, param_id{0});
   }
 };
-struct forgetful_policies : default_policies {
-  using hook_tracker = forgetful;
-};
+using forgetful_policies = test_support::with_hook_tracker<forgetful>;
 }  // namespace
 
 TEST_CASE("the engine checks I7 itself: a HookTracker that forgets a parameter is an error at end_backward") {

@@ -9,26 +9,26 @@
 
 namespace test_support {
 
+// The zshard::error f() throws (an invariant error saying so, and a failed test, when none).
 template <class F>
-zshard::error_kind kind_of(F&& f) {
+zshard::error thrown_by(F&& f) {
   try {
     f();
   } catch (const zshard::error& e) {
-    return e.kind();
+    return e;
   }
   FAIL("expected a zshard::error");
-  return zshard::error_kind::invariant;
+  return zshard::error(zshard::error_kind::invariant, "no error was thrown");
+}
+
+template <class F>
+zshard::error_kind kind_of(F&& f) {
+  return thrown_by(f).kind();
 }
 
 template <class F>
 std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const zshard::error& e) {
-    return e.what();
-  }
-  FAIL("expected a zshard::error");
-  return {};
+  return thrown_by(f).what();
 }
 
 }  // namespace test_support

@@ -46,31 +46,25 @@ class scripted_comm {
   const void* failed_buffer() const noexcept { return failed_; }
 
   void all_gather(const void* src, void* dst, std::size_t count, zshard::dtype t, zshard::comm_stream s = {}) {
-    failing_ = dst;
-    count_call(collective::all_gather, /*before=*/true);
-    failing_ = nullptr;
+    count_call(collective::all_gather, dst, /*before=*/true);
     inner_->all_gather(src, dst, count, t, s);
   }
   void reduce_scatter(const void* src, void* dst, std::size_t count, zshard::dtype t, zshard::reduce_op op,
                       zshard::comm_stream s = {}) {
     inner_->reduce_scatter(src, dst, count, t, op, s);
-    failing_ = src;
-    count_call(collective::reduce_scatter, /*before=*/false);
-    failing_ = nullptr;
+    count_call(collective::reduce_scatter, src, /*before=*/false);
   }
   void all_reduce(const void* src, void* dst, std::size_t count, zshard::dtype t, zshard::reduce_op op,
                   zshard::comm_stream s = {}) {
     inner_->all_reduce(src, dst, count, t, op, s);
-    failing_ = src;
-    count_call(collective::all_reduce, /*before=*/false);
-    failing_ = nullptr;
+    count_call(collective::all_reduce, src, /*before=*/false);
   }
   void broadcast(void* dst, std::size_t count, zshard::dtype t, int root, zshard::comm_stream s = {}) {
-    count_call(collective::broadcast, true);
+    count_call(collective::broadcast, nullptr, true);
     inner_->broadcast(dst, count, t, root, s);
   }
   void barrier(zshard::comm_stream s = {}) {
-    count_call(collective::barrier, true);
+    count_call(collective::barrier, nullptr, true);
     inner_->barrier(s);
   }
   void group_start() {
@@ -90,10 +84,12 @@ class scripted_comm {
   }
 
  private:
-  void count_call(collective kind, bool before) {
+  // Counts a call of `kind` that uses `buffer` (its destination or source), and fails it when
+  // scripted to.
+  void count_call(collective kind, const void* buffer, bool before) {
     const std::size_t n = ++calls_[static_cast<std::size_t>(kind)];
     if (kind == fail_kind_ && n == fail_at_) {
-      failed_ = failing_;
+      failed_ = buffer;
       throw zshard::error(zshard::error_kind::comm, std::string("scripted failure of call #") + std::to_string(n) +
                                                         (before ? " (before it was enqueued)" : " (after it ran)"));
     }
@@ -106,7 +102,6 @@ class scripted_comm {
   std::string health_error_;
   std::size_t health_polls_ = 0;
   std::string abort_reason_;
-  const void* failing_ = nullptr;
   const void* failed_ = nullptr;
 };
 

@@ -1,6 +1,7 @@
 // The regression, reproduced by a compile-time policy swap: with the legacy tracker (counts
 // recomputes, never resets) a checkpointed chain keeps every block gathered through backward;
 // with the default tracker at most one block is gathered at a time.
+#include "../support/policies.hpp"
 #include "graph_harness.hpp"
 #include "../support/legacy/legacy_tracker.hpp"
 
@@ -21,9 +22,7 @@ model_spec chain() {
 }
 
 template <class Tracker>
-struct chain_policies : default_policies {
-  using hook_tracker = Tracker;
-};
+using chain_policies = test_support::with_hook_tracker<Tracker>;
 
 // Checkpointed training of the chain; returns per-step peak gathered bytes.
 template <class Tracker>
