@@ -156,7 +156,7 @@ void exact_with_skipped_steps() {
 }
 
 // A failed load into a trained engine: every rank's error (they must agree); the engine is untouched.
-std::string failed_load(const std::string& dir, int world = 2) {
+std::string failed_counts_load(const std::string& dir, int world = 2) {
   std::mutex mu;
   std::vector<std::string> errors;
   on_skip_ranks<zshard::default_policies>(world, options(), [&](auto& eng, const skip_model& sm) {
@@ -238,7 +238,7 @@ TEST_CASE("update counts: damaged or mismatched counts are refused, naming the m
     nlohmann::json j = good;
     change(j);
     write_manifest(dir.path(), j);
-    return failed_load(dir.path());
+    return failed_counts_load(dir.path());
   };
   std::string e = damaged([](nlohmann::json& j) { j["update_counts"].erase(3); });
   CHECK(e.find("\"update_counts\" has 3 entries for 4 parameters") != std::string::npos);

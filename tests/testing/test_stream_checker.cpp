@@ -29,7 +29,7 @@ std::string all(const checked_backend& b) {
 
 constexpr auto compute = stream_role::compute;
 constexpr auto gather = stream_role::gather;
-constexpr auto reduce = stream_role::reduce;
+constexpr auto reduce_role = stream_role::reduce;  // not `reduce`: zshard::reduce is a namespace
 constexpr auto host_copy = stream_role::host_copy;
 
 }  // namespace
@@ -105,7 +105,7 @@ TEST_CASE("stream checker: freeing on compute what gather wrote needs ordering")
 
 TEST_CASE("stream checker: a write must be ordered after every read since the last write") {
   checked_backend b;
-  const auto c = b.role_stream(compute), g = b.role_stream(gather), r = b.role_stream(reduce),
+  const auto c = b.role_stream(compute), g = b.role_stream(gather), r = b.role_stream(reduce_role),
              h = b.role_stream(host_copy);
   void* p = b.allocate(512, mem_category::grad_buckets, c);
   b.fill_zero(p, 512, c);
@@ -115,7 +115,7 @@ TEST_CASE("stream checker: a write must be ordered after every read since the la
   b.wait(r, written);
   // Two concurrent readers: fine, reads do not conflict with each other.
   b.note_access(p, 512, false, gather);
-  b.note_access(p, 512, false, reduce);
+  b.note_access(p, 512, false, reduce_role);
   CHECK_MESSAGE(b.violations().empty(), all(b));
   auto after_gather = b.make_event(), after_reduce = b.make_event();
   b.record(after_gather, g);
@@ -144,7 +144,7 @@ TEST_CASE("stream checker: a write must be ordered after every read since the la
 
 TEST_CASE("stream checker: what the host waited for is ordered before what it enqueues next") {
   checked_backend b;
-  const auto c = b.role_stream(compute), g = b.role_stream(gather), r = b.role_stream(reduce);
+  const auto c = b.role_stream(compute), g = b.role_stream(gather), r = b.role_stream(reduce_role);
   std::vector<float> in(32, 0.5f), out(32);
   auto* p = static_cast<float*>(b.allocate(128, mem_category::grad_shards, g));
   b.copy(p, in.data(), 128, g);
@@ -252,7 +252,7 @@ TEST_CASE("stream checker: a reduce-scatter on the reduce stream must wait for b
   run_ranks(world, [&](thread_comm& comm) {
     checked_backend b;
     checked_comm<thread_comm> cc(comm, b);
-    const auto c = b.role_stream(compute), r = b.role_stream(reduce);
+    const auto c = b.role_stream(compute), r = b.role_stream(reduce_role);
     std::vector<float> grads(world * n, 1.0f), shard(n);
     void* full = b.allocate(world * n * sizeof(float), mem_category::grad_buckets, c);
     void* mine = b.allocate(n * sizeof(float), mem_category::grad_shards, c);
@@ -354,7 +354,7 @@ TEST_CASE("stream checker: only accesses to live allocations are checked") {
   std::vector<float> x(16, 1.0f), y(16);
   b.copy(y.data(), x.data(), 64, g);  // host memory on two streams, never ordered: not ours
   b.copy(x.data(), y.data(), 64, c);
-  b.note_access(x.data(), 64, true, reduce);
+  b.note_access(x.data(), 64, true, reduce_role);
   CHECK(b.checked_accesses() == 0);
   CHECK(b.violations().empty());
 
