@@ -111,7 +111,8 @@ class engine {
         comm_(groups_.shard()),
         reduce_comm_(groups_.reduce_shard()),
         watch_(backend, comm_, reduce_comm_, groups_.replica(), hybrid_.flat() ? nullptr : &groups_.world()),
-        store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap, compute ? &*compute : nullptr),
+        store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap, compute ? &*compute : nullptr,
+               cfg_.offload.params != offload_tier::device),
         offloader_(store_, comm_, cfg_.adamw, cfg_.offload),
         sink_(offloader_, groups_.replica(), store_),
         reducer_(store_, reduce_comm_, cfg_.reduce),
@@ -120,6 +121,7 @@ class engine {
         scaler_(cfg_.loss_scale),
         ctl_(spec_, cfg_.param_groups, cfg_.adamw) {
     controls::check_supported(cfg_);
+    engine_checks::shard_tier_attached(store_);
     // (a hybrid engine's ranks checked them over the world before splitting)
     if constexpr (Backend::holds_storage)
       if (hybrid_.flat()) agreement_.check_settings(schedule_settings(spec_, cfg_, layouts_, comm_.size()));
@@ -254,7 +256,8 @@ class engine {
     } else {
       r.clip_coefficient = optim::clip_coefficient(r.grad_norm, cfg_.clip_norm);
       trace_span t(trace_, "optimizer", "optimizer (AdamW, host copies)");
-      offloader_.update({++step_, lr(), static_cast<float>(r.clip_coefficient / denom), &ctl_.groups});
+      offloader_.update({step_ + 1, lr(), static_cast<float>(r.clip_coefficient / denom), &ctl_.groups});
+      ++step_;  // only once applied: a failed update (an NVMe I/O error) leaves the last completed step's count
     }
     publish_shards();
     scaler_.update(overflow);
@@ -522,7 +525,10 @@ class engine {
         auto& compute = store_.streams().on(stream_role::compute);
         buffer<Backend> staging = scratch(dtype::f32, n);
         backend_.copy(staging.data(), values.data(), n * sizeof(float), compute);
-        backend_.convert(staging.data(), dtype::f32, s.shard.data(), s.type, n, compute);
+        if (void* host = store_.host_shard(p))  // offloaded (param_store.hpp): written where it lives
+          zshard::convert(values.data(), dtype::f32, host, s.type, n);
+        else
+          backend_.convert(staging.data(), dtype::f32, s.shard.data(), s.type, n, compute);
         if (s.spec->trainable) offloader_.init_param(p, staging.template as<float>());
         backend_.synchronize(compute);
       }

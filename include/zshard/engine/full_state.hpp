@@ -53,8 +53,12 @@ class full_state {
       e.backend_.convert(s.shard.data(), s.type, staging.data(), dtype::f32, s.layout.numel, compute);
     } else {  // gathered in the working dtype, then widened: the planner's gather_scratch
       buffer<backend_type> full = e.scratch(s.type, s.layout.padded_numel);
-      tagged::all_gather(e.comm_, s.shard.data(), full.data(), s.layout.shard_numel, s.type,
-                         streams.collective_on(stream_role::compute),
+      struct unstage {  // an offloaded shard's staged copy (param_store.hpp), on success or failure
+        decltype(e.store_)& store;
+        ~unstage() { store.gathers_issued(stream_role::compute); }
+      } staged{e.store_};
+      tagged::all_gather(e.comm_, e.store_.gather_source(p, stream_role::compute), full.data(), s.layout.shard_numel,
+                         s.type, streams.collective_on(stream_role::compute),
                          {collective_use::gather_param, collective_tag::none, p});
       e.backend_.convert(full.data(), s.type, staging.data(), dtype::f32, s.layout.numel, compute);
     }

@@ -160,7 +160,8 @@ class residency {
           void* full = store_.begin_gather(p, {});
           tag.param = p;
           try {
-            tagged::all_gather(comm_, s.shard.data(), full, s.layout.shard_numel, s.type,
+            const void* src = store_.gather_source(p, stream_role::gather);  // staged when offloaded
+            tagged::all_gather(comm_, src, full, s.layout.shard_numel, s.type,
                                store_.streams().collective_on(stream_role::gather), tag);
           } catch (...) {
             // Never issued (or failed part way): back to sharded, the buffer freed on the
@@ -172,9 +173,11 @@ class residency {
         }
       });
     } catch (...) {
+      store_.gathers_issued(stream_role::gather);  // offloaded shards' staged copies (param_store.hpp)
       mark_issued();  // what was gathered before the failure (a budget error, say) stays ordered
       throw;
     }
+    store_.gathers_issued(stream_role::gather);
     mark_issued();
   }
 

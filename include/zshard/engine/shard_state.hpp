@@ -6,6 +6,7 @@
 // loading and the collective full-state calls (engine/full_state.hpp, state/param_access.hpp)
 // are built on these.
 #include <cstddef>
+#include <cstring>
 #include <string>
 
 #include "zshard/core/error.hpp"
@@ -27,6 +28,10 @@ class shard_state {
         e.offloader_.read_state(p, f, offset, static_cast<float*>(host_dst), n);
       return;
     }
+    if (const void* h = e.store_.host_shard(p)) {  // offloaded to host memory (param_store.hpp)
+      if (n) std::memcpy(host_dst, static_cast<const char*>(h) + offset * size_of(s.type), n * size_of(s.type));
+      return;
+    }
     auto& compute = e.store_.streams().on(stream_role::compute);
     e.backend_.copy(host_dst, static_cast<const char*>(s.shard.data()) + offset * size_of(s.type),
                     n * size_of(s.type), compute);
@@ -40,6 +45,11 @@ class shard_state {
         e.offloader_.write_state(p, f, offset, static_cast<const float*>(host_src), n);
       return;
     }
+    if (void* h = e.store_.host_shard(p)) {  // offloaded: the next gather uploads it
+      e.store_.quiesce_tier();                // no upload of the old value still reads it
+      if (n) std::memcpy(static_cast<char*>(h) + offset * size_of(s.type), host_src, n * size_of(s.type));
+      return;
+    }
     auto& compute = e.store_.streams().on(stream_role::compute);
     e.backend_.copy(static_cast<char*>(s.shard.data()) + offset * size_of(s.type), host_src, n * size_of(s.type),
                     compute);
@@ -49,7 +59,13 @@ class shard_state {
 
   static void* host_data(Engine& e, param_id p, state_field f) {
     auto& s = slot(e, p, f, 0, 0);
-    if (f == state_field::working) return offload::memory_is_host<backend_type>() ? s.shard.data() : nullptr;
+    if (f == state_field::working) {
+      if (void* h = e.store_.host_shard(p)) {
+        e.store_.quiesce_tier();  // the caller may write it
+        return h;
+      }
+      return offload::memory_is_host<backend_type>() ? s.shard.data() : nullptr;
+    }
     if constexpr (requires { e.offloader_.state_host_data(p, f); })
       return e.offloader_.state_host_data(p, f);
     else

@@ -54,8 +54,10 @@
 #include "zshard/core/worker_pool.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/landing_queue.hpp"
+#include "zshard/offload/nvme_state.hpp"
 #include "zshard/offload/offload_config.hpp"
 #include "zshard/offload/offloader.hpp"
+#include "zshard/offload/param_tier.hpp"
 #include "zshard/optim/adamw_dispatch.hpp"
 #include "zshard/optim/grad_clip.hpp"
 #include "zshard/state/state_access.hpp"
@@ -66,11 +68,11 @@ template <class Backend, class Comm>
 class host_adam_impl {
   static constexpr bool holds_storage = Backend::holds_storage;
   static constexpr bool in_place = holds_storage && memory_is_host<Backend>();  // backend memory is host memory
-  using resource_type = host_resource_t<Backend>;
-  struct no_memory {
-    no_memory(const std::string&, std::optional<std::size_t>, bool) noexcept {}
-  };
-  using own_memory_type = std::conditional_t<has_pinned_memory<Backend>, no_memory, host_memory>;
+  // One resource for everything kept on the host: the backend's page-locked memory when it has
+  // some and offload_config::pin_memory says so, else own_memory_ (pageable).
+  using resource_type =
+      std::conditional_t<has_pinned_memory<Backend>, pinned_or_pageable<host_resource_t<Backend>>, host_memory>;
+  using memory_holder = std::conditional_t<has_pinned_memory<Backend>, resource_type, resource_type&>;
 
  public:
   static constexpr bool applies_param_groups = true;  // update_args::groups
@@ -85,19 +87,26 @@ class host_adam_impl {
         path_(optim::resolve(oc_.host_path)),
         tile_(optim::round_up_to_granule(oc_.host_tile_numel)),
         staging_numel_(optim::round_up_to_granule(oc_.host_staging_numel)),
+        nvme_chunk_(oc_.optimizer_state == offload_tier::nvme ? oc_.nvme_chunk_numel : 0),
         landing_(*this, store.backend(), pool_),
         pool_(holds_storage ? oc_.host_threads : 1) {
+    if (oc_.params == offload_tier::host) tier_.emplace(store, memory_);  // parameter offload (param_tier.hpp)
     plan();
-    master_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
-    m_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
-    v_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
+    if (nvme_chunk_) {  // master, m, v in files (nvme_state.hpp); m and v start as the file's zeros
+      nvme_.emplace(oc_, "r" + std::to_string(comm.rank()), total_numel_, memory_, holds_storage);
+      steps_before_.resize(params_.size());
+    } else {
+      master_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
+      m_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
+      v_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
+    }
     grad_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::grad_shards);
     if constexpr (holds_storage && !in_place) {
       staging_ = buffer<resource_type>(memory_, dtype::f32, 2 * staging_numel_, mem_category::scratch);
       landing_.start();
     }
     if constexpr (holds_storage) {
-      if (total_numel_ > 0) {
+      if (total_numel_ > 0 && !nvme_) {
         std::memset(m_.data(), 0, m_.bytes());
         std::memset(v_.data(), 0, v_.bytes());
       }
@@ -112,6 +121,12 @@ class host_adam_impl {
   void init_param(param_id p, const float* values) {
     const auto& ps = trainable_state(p);
     if constexpr (holds_storage) {
+      if (nvme_) {  // to the file through host memory (construction only)
+        std::vector<float> host(ps.numel);
+        store_.backend().copy(host.data(), values, ps.numel * sizeof(float), compute());
+        store_.backend().synchronize(compute());
+        return nvme_->write(0, ps.offset, host.data(), ps.numel);
+      }
       store_.backend().copy(f32(master_) + ps.offset, values, ps.numel * sizeof(float), compute());
       store_.backend().synchronize(compute());
     }
@@ -164,6 +179,7 @@ class host_adam_impl {
     }
     // Each parameter's own step count: a parameter without a gradient this step is skipped (as
     // PyTorch does) unless update_params_without_grad, and its count stays.
+    for (param_id p = 0; p < steps_before_.size(); ++p) steps_before_[p] = params_[p].steps;  // NVMe: a failed step
     for (param_id p = 0; p < params_.size(); ++p) {
       auto& ps = params_[p];
       ps.skip = ps.trainable && !ps.has_grad && !hyper_.update_params_without_grad;
@@ -176,10 +192,13 @@ class host_adam_impl {
     if constexpr (holds_storage) {
       for (const auto& ps : params_)  // with update_params_without_grad: AdamW decays and moves with a zero gradient
         if (ps.trainable && !ps.has_grad) std::memset(f32(grad_) + ps.offset, 0, ps.numel * sizeof(float));
-      if constexpr (in_place)
-        update_in_place();
-      else
-        update_through_staging();
+      if (tier_) tier_->quiesce();  // uploads of the old shards done before the CPU writes them
+      if (nvme_) {
+        update_chunks();
+      } else {
+        update_direct(0, direct_.size(), in_memory());
+        if constexpr (!in_place) update_through_staging(0, rounds_.size(), in_memory());
+      }
     }
     clear_grads();
   }
@@ -210,7 +229,8 @@ class host_adam_impl {
 
   const memory_ledger& state_ledger() const noexcept { return memory_.ledger(); }
 
-  // The fp32 master shard of p on the host (empty for parameters without state and phantom backends).
+  // The fp32 master shard of p on the host (empty for parameters without state, phantom backends
+  // and state on NVMe: read_state reads it there).
   std::span<const float> master(param_id p) const noexcept {
     const auto& ps = params_[p];
     if (!ps.has_state || master_.data() == nullptr) return {};
@@ -250,6 +270,10 @@ class host_adam_impl {
   void set_trainable(param_id p, bool trainable) {
     drain();
     auto& ps = params_.at(p);
+    ZSHARD_REQUIRE(!(trainable && !ps.has_state && nvme_), error_kind::usage,
+                   "parameter '" + store_[p].spec->name + "' never trained: its optimizer state has no room in the "
+                       "NVMe state files, which were sized at construction",
+                   "construct the engine with the parameter trainable (then freeze it before the first step)");
     if (trainable && !ps.has_state) add_state(p);
     ps.trainable = trainable;
     plan_tiles();
@@ -259,19 +283,26 @@ class host_adam_impl {
   void read_state(param_id p, state_field f, std::size_t offset, float* dst, std::size_t n) {
     pool_.wait();
     const float* src = field(p, f, offset, n);
+    if (nvme_) return nvme_->read(field_index(f), params_[p].offset + offset, dst, n);
     if (n && src) std::memcpy(dst, src, n * sizeof(float));
   }
-  // p's field in the host arrays (null on a phantom backend).
+  // p's field in the host arrays (null on a phantom backend, and for state on NVMe).
   float* state_host_data(param_id p, state_field f) {
     pool_.wait();
-    return field(p, f, 0, 0);
+    float* data = field(p, f, 0, 0);
+    return nvme_ ? nullptr : data;
   }
   void write_state(param_id p, state_field f, std::size_t offset, const float* src, std::size_t n) {
     pool_.wait();
     float* dst = field(p, f, offset, n);
+    if (nvme_) return nvme_->write(field_index(f), params_[p].offset + offset, src, n);
     if (n && dst) std::memcpy(dst, src, n * sizeof(float));
   }
+  // The NVMe tier (offload_config::optimizer_state = nvme), else null: its files' ledger, its file.
+  const nvme_state<resource_type>* nvme() const noexcept { return nvme_ ? &*nvme_ : nullptr; }
   const offload_config& config() const noexcept { return oc_; }
+  // Bytes of offloaded parameter shards uploaded for gathers so far (0 without parameter offload).
+  std::uint64_t uploaded_bytes() const noexcept { return tier_ ? tier_->uploaded_bytes() : 0; }
   optim::simd_path path() const noexcept { return path_; }
   int threads() const noexcept { return pool_.size(); }
 
@@ -304,13 +335,13 @@ class host_adam_impl {
     std::size_t local, len, staging_byte;
   };
   struct round {
-    std::size_t tile_begin, tile_end, segment_begin, segment_end;
+    std::size_t tile_begin, tile_end, segment_begin, segment_end;  // tiles: indices into staged_
   };
   static float* f32(const buffer<resource_type>& b) noexcept { return b.template as<float>(); }
 
-  resource_type& pick_memory() noexcept {
+  memory_holder pick_memory() noexcept {
     if constexpr (has_pinned_memory<Backend>)
-      return store_.backend().pinned();
+      return resource_type(oc_.pin_memory ? &store_.backend().pinned() : nullptr, own_memory_);
     else
       return own_memory_;
   }
@@ -331,6 +362,8 @@ class host_adam_impl {
     const auto& b = f == state_field::master ? master_ : f == state_field::m ? m_ : v_;
     return b.data() ? f32(b) + ps.offset + offset : nullptr;
   }
+
+  static int field_index(state_field f) noexcept { return f == state_field::master ? 0 : f == state_field::m ? 1 : 2; }
 
   param_state& trainable_state(param_id p) {
     if (p >= params_.size() || !params_[p].trainable)
@@ -360,6 +393,8 @@ class host_adam_impl {
   // after set_trainable, between steps: no chunk is in flight then).
   void plan_tiles() {
     tiles_.clear();
+    direct_.clear();
+    staged_.clear();
     segments_.clear();
     rounds_.clear();
     if constexpr (holds_storage) {  // accounting only: no work is ever split
@@ -367,13 +402,18 @@ class host_adam_impl {
         auto& ps = params_[p];
         ps.first_tile = tiles_.size();
         if (ps.trainable)
-          for (std::size_t b = 0; b < ps.numel; b += tile_)
-            tiles_.push_back({p, ps.offset + b, b, std::min(tile_, ps.numel - b), 0});
+          for (std::size_t b = 0, len = 0; b < ps.numel; b += len) {
+            len = std::min(tile_, ps.numel - b);
+            if (nvme_chunk_) len = std::min(len, nvme_chunk_ - (ps.offset + b) % nvme_chunk_);  // within a chunk
+            tiles_.push_back({p, ps.offset + b, b, len, 0});
+          }
         ps.tile_count = tiles_.size() - ps.first_tile;
+        for (std::size_t i = ps.first_tile; i < tiles_.size(); ++i) (writes_host(p) ? direct_ : staged_).push_back(i);
       }
     }
     tile_stats_.assign(tiles_.size(), grad_stats{});
     if constexpr (holds_storage && !in_place) plan_rounds();
+    if (nvme_chunk_) plan_chunks();
   }
 
   // Appends p's state to the flat arrays (see the header comment); its master comes from the
@@ -397,10 +437,14 @@ class host_adam_impl {
     if constexpr (holds_storage) {
       Backend& b = store_.backend();
       const auto& slot = store_[p];
-      buffer<Backend> staging(b, dtype::f32, n, mem_category::scratch, compute());
-      b.convert(slot.shard.data(), slot.type, staging.data(), dtype::f32, n, compute());
-      b.copy(f32(master_) + offset, staging.data(), n * sizeof(float), compute());
-      b.synchronize(compute());
+      if (const void* host = store_.host_shard(p)) {  // offloaded: already in host memory
+        zshard::convert(host, slot.type, f32(master_) + offset, dtype::f32, n);
+      } else {
+        buffer<Backend> staging(b, dtype::f32, n, mem_category::scratch, compute());
+        b.convert(slot.shard.data(), slot.type, staging.data(), dtype::f32, n, compute());
+        b.copy(f32(master_) + offset, staging.data(), n * sizeof(float), compute());
+        b.synchronize(compute());
+      }
     }
     auto& ps = params_[p];
     ps.has_state = true;
@@ -411,13 +455,15 @@ class host_adam_impl {
     by_offset_.push_back(p);
   }
 
+  // Rounds over the staged tiles (their indices in staged_, flat-array order).
   void plan_rounds() {
-    for (std::size_t i = 0; i < tiles_.size();) {
+    for (std::size_t i = 0; i < staged_.size();) {
       round r{i, i, segments_.size(), segments_.size()};
-      const std::size_t base = tiles_[i].offset;
-      while (r.tile_end < tiles_.size() &&
-             tiles_[r.tile_end].offset + tiles_[r.tile_end].len - base <= staging_numel_) {
-        tile& t = tiles_[r.tile_end];
+      const std::size_t base = tiles_[staged_[i]].offset;
+      while (r.tile_end < staged_.size() &&
+             tiles_[staged_[r.tile_end]].offset + tiles_[staged_[r.tile_end]].len - base <= staging_numel_ &&
+             same_chunk(tiles_[staged_[r.tile_end]].offset, base)) {
+        tile& t = tiles_[staged_[r.tile_end]];
         const std::size_t w = size_of(store_[t.p].type);
         if (r.segment_end == r.segment_begin || segments_.back().p != t.p)
           segments_.push_back({t.p, t.local, 0, (t.offset - base) * sizeof(float)});
@@ -429,6 +475,24 @@ class host_adam_impl {
       }
       rounds_.push_back(r);
       i = r.tile_end;
+    }
+  }
+
+  // NVMe: rounds stay within a chunk, so that a chunk's update is its direct tiles and its rounds.
+  bool same_chunk(std::size_t a, std::size_t b) const noexcept {
+    return nvme_chunk_ == 0 || a / nvme_chunk_ == b / nvme_chunk_;
+  }
+  // NVMe: chunk k's tiles are direct_[chunk_direct_[k], chunk_direct_[k + 1]) and its rounds
+  // rounds_[chunk_rounds_[k], chunk_rounds_[k + 1]) (both lists are in flat-array order).
+  void plan_chunks() {
+    const std::size_t K = (total_numel_ + nvme_chunk_ - 1) / nvme_chunk_;
+    chunk_direct_.assign(K + 1, direct_.size());
+    chunk_rounds_.assign(K + 1, rounds_.size());
+    for (std::size_t k = K, i = direct_.size(), r = rounds_.size(); k-- > 0;) {
+      while (i > 0 && tiles_[direct_[i - 1]].offset / nvme_chunk_ >= k) --i;
+      while (r > 0 && tiles_[staged_[rounds_[r - 1].tile_begin]].offset / nvme_chunk_ >= k) --r;
+      chunk_direct_[k] = i;
+      chunk_rounds_[k] = r;
     }
   }
 
@@ -498,36 +562,68 @@ class host_adam_impl {
     return steps_[groups_ ? groups_->slot(p, decay) : (decay ? 1 : 0)];
   }
 
-  void update_tile(const tile& t, void* out) noexcept {
-    if (params_[t.p].skip) {  // unchanged: the working value is the master's, rounded (written for the staging path)
-      zshard::convert(f32(master_) + t.offset, dtype::f32, out, store_[t.p].type, t.len);
+  // The state a tile reads: the flat arrays, or the chunk of them in an NVMe chunk buffer.
+  chunk_view in_memory() const noexcept { return {f32(master_), f32(m_), f32(v_), 0}; }
+
+  void update_tile(const tile& t, void* out, const chunk_view& s) noexcept {
+    const std::size_t at = t.offset - s.first;
+    // Unchanged (or rolled back after a failed NVMe step): the working value is the master's,
+    // rounded (written for the staging path).
+    if (params_[t.p].skip || restoring_) {
+      zshard::convert(s.master + at, dtype::f32, out, store_[t.p].type, t.len);
       return;
     }
-    optim::adamw_update_on(path_, step_for(t.p), f32(master_) + t.offset, f32(m_) + t.offset, f32(v_) + t.offset,
-                           f32(grad_) + t.offset, t.len, out, store_[t.p].type);
+    optim::adamw_update_on(path_, step_for(t.p), s.master + at, s.m + at, s.v + at, f32(grad_) + t.offset, t.len, out,
+                           store_[t.p].type);
   }
 
-  // Host memory: the working copy is written straight into the backend's shard.
-  void update_in_place() {
+  // Whether p's working shard is host memory the CPU writes directly: the backend's (host
+  // memory), or an offloaded shard (param_tier.hpp).
+  bool writes_host(param_id p) const noexcept { return in_place || store_.offloaded(p); }
+  void* working_shard(param_id p) const noexcept {
+    return store_.offloaded(p) ? store_.host_shard(p) : store_[p].shard.data();
+  }
+
+  // Host memory: the working copy is written straight into the shard. Tiles direct_[begin, end).
+  void update_direct(std::size_t begin, std::size_t end, const chunk_view& s) {
     auto body = [&](std::size_t i) {
-      const tile& t = tiles_[i];
-      const auto& slot = store_[t.p];
-      update_tile(t, static_cast<char*>(slot.shard.data()) + t.local * size_of(slot.type));
+      const tile& t = tiles_[direct_[begin + i]];
+      update_tile(t, static_cast<char*>(working_shard(t.p)) + t.local * size_of(store_[t.p].type), s);
     };
-    pool_.run(tiles_.size(), body);
+    pool_.run(end - begin, body);
+  }
+
+  // NVMe: chunk by chunk as nvme_state reads them; a failed step is rolled back there (working
+  // values) and here (update counts), and the gradients stay for discard_grads().
+  void update_chunks() {
+    auto run = [&](std::size_t k, const chunk_view& s) {
+      update_direct(chunk_direct_[k], chunk_direct_[k + 1], s);
+      if constexpr (!in_place) update_through_staging(chunk_rounds_[k], chunk_rounds_[k + 1], s);
+    };
+    try {
+      nvme_->update(run, [&](std::size_t k, const chunk_view& s) {
+        restoring_ = true;
+        run(k, s);
+        restoring_ = false;
+      });
+    } catch (...) {
+      restoring_ = false;
+      for (param_id p = 0; p < params_.size(); ++p) params_[p].steps = steps_before_[p];
+      throw;
+    }
   }
 
   // Device memory: round r is updated into staging half r % 2 while round r - 1's copies to
   // the device run; before issuing round r's copies, wait for round r - 1's, which frees the
   // half that round r + 1 writes.
-  void update_through_staging() {
+  void update_through_staging(std::size_t first, std::size_t last, const chunk_view& s) {
     Backend& b = store_.backend();
-    for (std::size_t r = 0; r < rounds_.size(); ++r) {
+    for (std::size_t r = first; r < last; ++r) {
       const round& rd = rounds_[r];
       char* half = reinterpret_cast<char*>(f32(staging_) + (r % 2) * staging_numel_);
       auto body = [&](std::size_t k) {
-        const tile& t = tiles_[rd.tile_begin + k];
-        update_tile(t, half + t.staging_byte);
+        const tile& t = tiles_[staged_[rd.tile_begin + k]];
+        update_tile(t, half + t.staging_byte, s);
       };
       pool_.run(rd.tile_end - rd.tile_begin, body);
       b.synchronize(compute());
@@ -552,12 +648,14 @@ class host_adam_impl {
   Comm& comm_;
   const optim::adamw_config hyper_;
   const offload_config oc_;
-  own_memory_type own_memory_;  // unused when the backend has pinned memory
-  resource_type& memory_;
+  host_memory own_memory_;  // unused when the state is in the backend's page-locked memory
+  memory_holder memory_;
   const optim::simd_path path_;
   const std::size_t tile_, staging_numel_;
+  const std::size_t nvme_chunk_;  // elements per NVMe chunk; 0: state in memory
   std::vector<param_state> params_;
   std::vector<tile> tiles_;
+  std::vector<std::size_t> direct_, staged_;  // tiles whose working values go straight to host memory / through staging
   std::vector<grad_stats> tile_stats_;  // per tile, of the accumulated gradient
   std::vector<segment> segments_;
   std::vector<round> rounds_;
@@ -567,6 +665,11 @@ class host_adam_impl {
   std::vector<param_id> by_offset_;  // parameters with state, in flat-array order
   std::int64_t step_now_ = 0;     // the engine's step of the update running
   buffer<resource_type> master_, m_, v_, grad_, staging_;
+  std::optional<param_tier<Backend, resource_type>> tier_;  // offloaded parameter shards (offload_config::params)
+  std::optional<nvme_state<resource_type>> nvme_;          // master, m, v in files (offload_config::optimizer_state)
+  std::vector<std::size_t> chunk_direct_, chunk_rounds_;   // NVMe: each chunk's tiles and rounds (plan_chunks)
+  std::vector<std::int64_t> steps_before_;                 // NVMe: update counts before the step, for a rollback
+  bool restoring_ = false;                                 // NVMe: update_tile rounds masters only (rollback)
   landing_queue<Backend, host_adam_impl> landing_;  // the device path's copies to the host in flight
   worker_pool pool_;  // last: joined before anything its jobs touch is destroyed
 };

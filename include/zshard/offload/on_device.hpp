@@ -7,6 +7,7 @@
 // for the next unfreeze.
 #include <cmath>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "zshard/comm/communicator.hpp"
@@ -21,9 +22,17 @@ template <class Backend, class Comm>
 class on_device_impl {
  public:
   static constexpr bool applies_param_groups = true;  // update_args::groups
-  // offload_config tunes the host Offloader only: nothing of it applies on the device.
-  on_device_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper, const offload_config&)
+  // offload_config tunes the host Offloader only: nothing of it applies on the device, and the
+  // tiers it names beyond the device are refused by name.
+  on_device_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper, const offload_config& oc)
       : store_(store), comm_(comm), hyper_(hyper) {
+    ZSHARD_REQUIRE(oc.params == offload_tier::device, error_kind::config,
+                   "offload_config.params = " + std::string(to_string(oc.params)) +
+                       " with offload::on_device, which updates working shards on the device",
+                   "use offload::host_adam, which keeps parameter shards in host memory and updates them there");
+    ZSHARD_REQUIRE(oc.optimizer_state != offload_tier::nvme, error_kind::config,
+                   "offload_config.optimizer_state = nvme with offload::on_device, which keeps it on the device",
+                   "use offload::host_adam for optimizer state on NVMe");
     state_.resize(store.size());
     for (param_id p = 0; p < store.size(); ++p)
       if (store[p].spec->trainable) create_state(p);
