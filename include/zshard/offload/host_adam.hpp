@@ -52,6 +52,7 @@
 #include "zshard/comm/communicator.hpp"
 #include "zshard/core/buffer.hpp"
 #include "zshard/core/worker_pool.hpp"
+#include "zshard/offload/host_layout.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/landing_queue.hpp"
 #include "zshard/offload/nvme_state.hpp"
@@ -65,7 +66,15 @@
 namespace zshard::offload {
 
 template <class Backend, class Comm>
-class host_adam_impl {
+class host_adam_impl : private host_layout<Backend> {
+  using layout = host_layout<Backend>;
+  using typename layout::param_state;
+  using typename layout::tile;
+  using typename layout::segment;
+  using typename layout::round;
+  using layout::store_, layout::tile_, layout::staging_numel_, layout::nvme_chunk_, layout::params_, layout::tiles_,
+      layout::direct_, layout::staged_, layout::segments_, layout::rounds_, layout::chunk_direct_,
+      layout::chunk_rounds_, layout::by_offset_, layout::total_numel_;
   static constexpr bool holds_storage = Backend::holds_storage;
   static constexpr bool in_place = holds_storage && memory_is_host<Backend>();  // backend memory is host memory
   // One resource for everything kept on the host: the backend's page-locked memory when it has
@@ -78,20 +87,19 @@ class host_adam_impl {
   static constexpr bool applies_param_groups = true;  // update_args::groups
   host_adam_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper,
                  const offload_config& oc)
-      : store_(store),
+      : layout(store, optim::round_up_to_granule(oc.host_tile_numel), optim::round_up_to_granule(oc.host_staging_numel),
+               oc.optimizer_state == offload_tier::nvme ? oc.nvme_chunk_numel : 0, holds_storage, in_place),
         comm_(comm),
         hyper_(hyper),
         oc_(validated(oc)),
         own_memory_("host (offloaded optimizer state)", oc_.host_budget_bytes, holds_storage),
         memory_(pick_memory()),
         path_(optim::resolve(oc_.host_path)),
-        tile_(optim::round_up_to_granule(oc_.host_tile_numel)),
-        staging_numel_(optim::round_up_to_granule(oc_.host_staging_numel)),
-        nvme_chunk_(oc_.optimizer_state == offload_tier::nvme ? oc_.nvme_chunk_numel : 0),
         landing_(*this, store.backend(), pool_),
         pool_(holds_storage ? oc_.host_threads : 1) {
     if (oc_.params == offload_tier::host) tier_.emplace(store, memory_);  // parameter offload (param_tier.hpp)
-    plan();
+    layout::plan();
+    tile_stats_.assign(tiles_.size(), grad_stats{});
     if (nvme_chunk_) {  // master, m, v in files (nvme_state.hpp); m and v start as the file's zeros
       nvme_.emplace(oc_, "r" + std::to_string(comm.rank()), total_numel_, memory_, holds_storage);
       steps_before_.resize(params_.size());
@@ -276,7 +284,8 @@ class host_adam_impl {
                    "construct the engine with the parameter trainable (then freeze it before the first step)");
     if (trainable && !ps.has_state) add_state(p);
     ps.trainable = trainable;
-    plan_tiles();
+    layout::plan_tiles();
+    tile_stats_.assign(tiles_.size(), grad_stats{});
   }
   // State access (state/state_access.hpp): straight from and into the host arrays, no device
   // round trip. Waits for the pool first (a gradient still being accumulated).
@@ -309,34 +318,6 @@ class host_adam_impl {
  private:
   friend class landing_queue<Backend, host_adam_impl>;
 
-  struct param_state {
-    bool trainable = false;      // updated by update(); has tiles
-    bool has_state = false;      // has master, m, v, grad in the flat arrays (trainable now or before)
-    bool has_grad = false;       // a gradient arrived since the last update/discard; else it is zero
-    bool skip = false;           // this update leaves it alone (no gradient)
-    std::int64_t steps = 0;      // updates applied to it (its AdamW bias correction)
-    optim::adamw_step own_step{};  // when steps differs from the engine's step
-    std::size_t offset = 0;      // first element in the flat host arrays (a multiple of 32)
-    std::size_t numel = 0;       // shard elements
-    std::size_t first_tile = 0;  // tiles_[first_tile, first_tile + tile_count)
-    std::size_t tile_count = 0;
-  };
-  struct tile {
-    param_id p;
-    std::size_t offset;  // in the flat host arrays
-    std::size_t local;   // in p's shard
-    std::size_t len;
-    std::size_t staging_byte;  // where its working values go in a staging half (device backends)
-  };
-  // A round of the device path: tiles updated into one staging half, then copied out as one
-  // segment per parameter.
-  struct segment {
-    param_id p;
-    std::size_t local, len, staging_byte;
-  };
-  struct round {
-    std::size_t tile_begin, tile_end, segment_begin, segment_end;  // tiles: indices into staged_
-  };
   static float* f32(const buffer<resource_type>& b) noexcept { return b.template as<float>(); }
 
   memory_holder pick_memory() noexcept {
@@ -372,50 +353,6 @@ class host_adam_impl {
     return params_[p];
   }
 
-  // Flat layout, tiles and the device path's rounds; everything later steps need, so that no
-  // step allocates.
-  void plan() {
-    params_.resize(store_.size());
-    for (param_id p = 0; p < store_.size(); ++p) {
-      const auto& slot = store_[p];
-      if (!slot.spec->trainable) continue;
-      auto& ps = params_[p];
-      ps.trainable = ps.has_state = true;
-      ps.offset = total_numel_;
-      ps.numel = slot.layout.shard_numel;
-      total_numel_ += optim::round_up_to_granule(ps.numel);
-      by_offset_.push_back(p);
-    }
-    plan_tiles();
-  }
-
-  // Tiles of the trainable parameters in flat-array order, and the device path's rounds (again
-  // after set_trainable, between steps: no chunk is in flight then).
-  void plan_tiles() {
-    tiles_.clear();
-    direct_.clear();
-    staged_.clear();
-    segments_.clear();
-    rounds_.clear();
-    if constexpr (holds_storage) {  // accounting only: no work is ever split
-      for (param_id p : by_offset_) {
-        auto& ps = params_[p];
-        ps.first_tile = tiles_.size();
-        if (ps.trainable)
-          for (std::size_t b = 0, len = 0; b < ps.numel; b += len) {
-            len = std::min(tile_, ps.numel - b);
-            if (nvme_chunk_) len = std::min(len, nvme_chunk_ - (ps.offset + b) % nvme_chunk_);  // within a chunk
-            tiles_.push_back({p, ps.offset + b, b, len, 0});
-          }
-        ps.tile_count = tiles_.size() - ps.first_tile;
-        for (std::size_t i = ps.first_tile; i < tiles_.size(); ++i) (writes_host(p) ? direct_ : staged_).push_back(i);
-      }
-    }
-    tile_stats_.assign(tiles_.size(), grad_stats{});
-    if constexpr (holds_storage && !in_place) plan_rounds();
-    if (nvme_chunk_) plan_chunks();
-  }
-
   // Appends p's state to the flat arrays (see the header comment); its master comes from the
   // working shard, its moments are zero, its update count 0.
   void add_state(param_id p) {
@@ -446,54 +383,7 @@ class host_adam_impl {
         b.synchronize(compute());
       }
     }
-    auto& ps = params_[p];
-    ps.has_state = true;
-    ps.offset = offset;
-    ps.numel = n;
-    ps.steps = 0;
-    total_numel_ = total;
-    by_offset_.push_back(p);
-  }
-
-  // Rounds over the staged tiles (their indices in staged_, flat-array order).
-  void plan_rounds() {
-    for (std::size_t i = 0; i < staged_.size();) {
-      round r{i, i, segments_.size(), segments_.size()};
-      const std::size_t base = tiles_[staged_[i]].offset;
-      while (r.tile_end < staged_.size() &&
-             tiles_[staged_[r.tile_end]].offset + tiles_[staged_[r.tile_end]].len - base <= staging_numel_ &&
-             same_chunk(tiles_[staged_[r.tile_end]].offset, base)) {
-        tile& t = tiles_[staged_[r.tile_end]];
-        const std::size_t w = size_of(store_[t.p].type);
-        if (r.segment_end == r.segment_begin || segments_.back().p != t.p)
-          segments_.push_back({t.p, t.local, 0, (t.offset - base) * sizeof(float)});
-        segment& s = segments_.back();
-        t.staging_byte = s.staging_byte + (t.local - s.local) * w;  // working values of a segment are contiguous
-        s.len += t.len;
-        r.segment_end = segments_.size();
-        ++r.tile_end;
-      }
-      rounds_.push_back(r);
-      i = r.tile_end;
-    }
-  }
-
-  // NVMe: rounds stay within a chunk, so that a chunk's update is its direct tiles and its rounds.
-  bool same_chunk(std::size_t a, std::size_t b) const noexcept {
-    return nvme_chunk_ == 0 || a / nvme_chunk_ == b / nvme_chunk_;
-  }
-  // NVMe: chunk k's tiles are direct_[chunk_direct_[k], chunk_direct_[k + 1]) and its rounds
-  // rounds_[chunk_rounds_[k], chunk_rounds_[k + 1]) (both lists are in flat-array order).
-  void plan_chunks() {
-    const std::size_t K = (total_numel_ + nvme_chunk_ - 1) / nvme_chunk_;
-    chunk_direct_.assign(K + 1, direct_.size());
-    chunk_rounds_.assign(K + 1, rounds_.size());
-    for (std::size_t k = K, i = direct_.size(), r = rounds_.size(); k-- > 0;) {
-      while (i > 0 && tiles_[direct_[i - 1]].offset / nvme_chunk_ >= k) --i;
-      while (r > 0 && tiles_[staged_[rounds_[r - 1].tile_begin]].offset / nvme_chunk_ >= k) --r;
-      chunk_direct_[k] = i;
-      chunk_rounds_[k] = r;
-    }
+    layout::append(p);
   }
 
   // dst (+)= src over one tile, then the tile's sum of squares and Inf/NaN flag while it is in cache.
@@ -577,9 +467,6 @@ class host_adam_impl {
                            store_[t.p].type);
   }
 
-  // Whether p's working shard is host memory the CPU writes directly: the backend's (host
-  // memory), or an offloaded shard (param_tier.hpp).
-  bool writes_host(param_id p) const noexcept { return in_place || store_.offloaded(p); }
   void* working_shard(param_id p) const noexcept {
     return store_.offloaded(p) ? store_.host_shard(p) : store_[p].shard.data();
   }
@@ -644,30 +531,19 @@ class host_adam_impl {
   // Init, update and gradient statistics run on the compute stream (see offloader.hpp).
   typename Backend::stream& compute() noexcept { return store_.streams().on(stream_role::compute); }
 
-  param_store<Backend>& store_;
   Comm& comm_;
   const optim::adamw_config hyper_;
   const offload_config oc_;
   host_memory own_memory_;  // unused when the state is in the backend's page-locked memory
   memory_holder memory_;
   const optim::simd_path path_;
-  const std::size_t tile_, staging_numel_;
-  const std::size_t nvme_chunk_;  // elements per NVMe chunk; 0: state in memory
-  std::vector<param_state> params_;
-  std::vector<tile> tiles_;
-  std::vector<std::size_t> direct_, staged_;  // tiles whose working values go straight to host memory / through staging
   std::vector<grad_stats> tile_stats_;  // per tile, of the accumulated gradient
-  std::vector<segment> segments_;
-  std::vector<round> rounds_;
-  std::size_t total_numel_ = 0;
   std::vector<optim::adamw_step> steps_;  // [decay], or per (group, decay) slot with groups_
   const optim::param_groups* groups_ = nullptr;  // of the update running
-  std::vector<param_id> by_offset_;  // parameters with state, in flat-array order
   std::int64_t step_now_ = 0;     // the engine's step of the update running
   buffer<resource_type> master_, m_, v_, grad_, staging_;
   std::optional<param_tier<Backend, resource_type>> tier_;  // offloaded parameter shards (offload_config::params)
   std::optional<nvme_state<resource_type>> nvme_;          // master, m, v in files (offload_config::optimizer_state)
-  std::vector<std::size_t> chunk_direct_, chunk_rounds_;   // NVMe: each chunk's tiles and rounds (plan_chunks)
   std::vector<std::int64_t> steps_before_;                 // NVMe: update counts before the step, for a rollback
   bool restoring_ = false;                                 // NVMe: update_tile rounds masters only (rollback)
   landing_queue<Backend, host_adam_impl> landing_;  // the device path's copies to the host in flight
