@@ -203,9 +203,13 @@ void apply_deepspeed(const gpt::gpt_config& mc, zshard::engine_config& cfg, opti
   o.micro_batches = ds.gradient_accumulation_steps;
   if (ds.micro_batch_size) o.batch = *ds.micro_batch_size;
   o.lr = cfg.adamw.lr;
-  if (ds.offload_optimizer)
-    std::printf("deepspeed config: offload_optimizer cpu: on the host backend device memory is host memory, so this "
-                "example keeps offload::on_device (zshard_plan --deepspeed-config shows the offloaded plan)\n");
+  if (ds.offload_optimizer || ds.offload_param) {
+    std::printf("deepspeed config: offload_optimizer / offload_param: on the host backend device memory is host memory, "
+                "so this example keeps offload::on_device and every tier on the device (zshard_plan "
+                "--deepspeed-config shows the offloaded plan)\n");
+    cfg.offload.params = zshard::offload_tier::device;
+    cfg.offload.optimizer_state = zshard::offload_tier::host;
+  }
 }
 
 // The plan's device peak per rank for this run (plan/memory_plan.hpp): the schedule the GPT

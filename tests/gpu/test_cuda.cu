@@ -10,6 +10,7 @@
 
 #include <bit>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "gpu_support.hpp"

@@ -15,8 +15,17 @@
 //   zero_optimization.reduce_bucket_size          reduce.reduce_bucket_numel
 //   zero_optimization.mics_shard_size             hybrid.shard_group_size (-1: plain ZeRO-3)
 //   zero_optimization.overlap_comm                overlap
-//   zero_optimization.offload_optimizer.device    cpu: offload_optimizer (use offload::host_adam); none: on device
-//   zero_optimization.offload_optimizer.pin_memory  pin_memory (zshard always stages through pinned memory)
+//   zero_optimization.offload_optimizer.device    cpu: offload_optimizer (use offload::host_adam); nvme: the
+//                                                 same with offload.optimizer_state = nvme; none: on device
+//   zero_optimization.offload_optimizer.nvme_path offload.nvme_path (required with device nvme)
+//   zero_optimization.offload_optimizer.buffer_count  offload.nvme_buffer_count (chunk buffers, >= 3)
+//   zero_optimization.offload_optimizer.pin_memory  offload.pin_memory (and pin_memory)
+//   zero_optimization.offload_param.device        cpu: offload.params = host (needs offload::host_adam);
+//                                                 nvme is refused (no parameter shards on NVMe); none
+//   zero_optimization.offload_param.pin_memory    offload.pin_memory (one host tier: must agree with the optimizer's)
+//   aio.thread_count                              offload.nvme_io_threads
+// Keys that would change what runs and that zshard cannot honour are refused by name (offload_param
+// on NVMe, pin_memory that differs between parameters and optimizer, fewer than 3 buffers).
 //   gradient_clipping                             clip_norm
 //   gradient_accumulation_steps                   gradient_accumulation_steps (micro-batches per step: the loop's)
 //   train_micro_batch_size_per_gpu                micro_batch_size (the loop's)
@@ -63,8 +72,9 @@ struct import_options {
 
 struct deepspeed_settings {
   engine_config engine;                   // every value that maps; the rest keeps zshard's defaults
-  bool offload_optimizer = false;         // offload_optimizer.device == "cpu": use offload::host_adam
-  bool pin_memory = false;                // offload_optimizer.pin_memory, as read
+  bool offload_optimizer = false;         // offload_optimizer.device "cpu" or "nvme": use offload::host_adam
+  bool offload_param = false;             // offload_param.device == "cpu" (engine.offload.params = host)
+  bool pin_memory = false;                // offload_optimizer.pin_memory (or offload_param's), as read
   int gradient_accumulation_steps = 1;    // micro-batches per optimizer step (the training loop runs them)
   std::optional<int> micro_batch_size;    // train_micro_batch_size_per_gpu, when a number
   std::vector<std::string> unknown_keys;  // dotted names, once each, in file order
@@ -94,13 +104,22 @@ inline const char* no_counterpart(std::string_view key) {
       {"zero_optimization.round_robin_gradients", "gradient shards are even slices of every parameter"},
       {"zero_optimization.memory_efficient_linear", "zshard does not wrap the model's layers"},
       {"zero_optimization.stage3_model_persistence_threshold", "persistence is per parameter only"},
-      {"zero_optimization.offload_optimizer.buffer_count", "staging is two halves of host_staging_numel"},
       {"zero_optimization.offload_optimizer.fast_init", "host state is initialised from the shards"},
       {"zero_optimization.offload_optimizer.ratio", "the whole optimizer runs where offload_optimizer says"},
-      {"zero_optimization.offload_param.pin_memory", "parameters stay on the device"},
-      {"zero_optimization.offload_param.buffer_count", "parameters stay on the device"},
-      {"zero_optimization.offload_param.buffer_size", "parameters stay on the device"},
-      {"zero_optimization.offload_param.max_in_cpu", "parameters stay on the device"},
+      {"zero_optimization.offload_optimizer.pipeline", "NVMe chunks are always read ahead and written behind"},
+      {"zero_optimization.offload_optimizer.pipeline_read", "NVMe chunks are always read ahead"},
+      {"zero_optimization.offload_optimizer.pipeline_write", "NVMe chunks are always written behind"},
+      {"zero_optimization.offload_param.buffer_count",
+       "parameter shards are uploaded per gather group, bounded by the prefetch window (no NVMe buffers)"},
+      {"zero_optimization.offload_param.buffer_size",
+       "parameter shards are uploaded per gather group, bounded by the prefetch window (no NVMe buffers)"},
+      {"zero_optimization.offload_param.max_in_cpu", "every offloaded shard is in host memory"},
+      {"zero_optimization.offload_param.nvme_path", "parameter shards stay in host memory"},
+      {"aio.block_size", "whole chunks are read and written (offload_config::nvme_chunk_numel)"},
+      {"aio.queue_depth", "each I/O thread has one chunk in flight"},
+      {"aio.single_submit", "each I/O thread has one chunk in flight"},
+      {"aio.overlap_events", "reads, writes and AdamW always overlap"},
+      {"aio.use_gds", "chunks go through host memory"},
       {"fp16.hysteresis", "zshard's scaler backs off at the first overflow"},
       {"fp16.consecutive_hysteresis", "zshard's scaler backs off at the first overflow"},
       {"fp16.auto_cast", "the training stack owns its kernels' precision"},
@@ -155,9 +174,17 @@ class deepspeed_reader {
         precision(key, v);
       else if (key == "optimizer")
         optimizer(v);
+      else if (key == "aio")
+        aio(v);
       else
         other(key);
     }
+    if (out_.offload_param && !out_.offload_optimizer)
+      in_.fail("zero_optimization.offload_param.device", "is \"cpu\" while offload_optimizer.device is not",
+               "offloaded parameter shards are updated on the host: set offload_optimizer.device to \"cpu\" or \"nvme\"");
+    if (nvme_ && out_.engine.offload.nvme_path.empty())
+      in_.fail("zero_optimization.offload_optimizer.nvme_path", "is missing, and offload_optimizer.device is \"nvme\"",
+               "name a directory on the NVMe drive that is to hold the optimizer state");
     if (half_[0] && half_[1])
       in_.fail("bf16.enabled and fp16.enabled", "are both true", "enable one working precision");
     try {
@@ -218,21 +245,20 @@ class deepspeed_reader {
       const std::string key = where + "." + k;
       if (k == "device") {
         const std::string d = in_.string(v, key);
-        if (d == "cpu")
-          out_.offload_optimizer = true;
-        else if (d == "none")
-          out_.offload_optimizer = false;
-        else if (d == "nvme")
-          in_.fail(key, "is \"nvme\": zshard offloads optimizer state to host memory, not to NVMe",
-                   "use \"cpu\" (zshard::offload::host_adam) and size host memory with zshard_plan");
-        else
-          in_.fail(key, "is \"" + d + "\"", "use \"cpu\" or \"none\"");
+        out_.offload_optimizer = d == "cpu" || d == "nvme";
+        nvme_ = d == "nvme";
+        out_.engine.offload.optimizer_state = nvme_ ? offload_tier::nvme : offload_tier::host;
+        if (d != "cpu" && d != "nvme" && d != "none")
+          in_.fail(key, "is \"" + d + "\"", "use \"cpu\", \"nvme\" or \"none\"");
       } else if (k == "pin_memory") {
-        if (auto b = in_.boolean(v, key)) out_.pin_memory = *b;
-        if (!out_.pin_memory)
-          note(key + " = false: zshard stages device transfers through page-locked buffers regardless");
+        pin_memory(v, key);
       } else if (k == "nvme_path") {
-        note(key + ": no NVMe offload in zshard");
+        out_.engine.offload.nvme_path = in_.string(v, key);
+      } else if (k == "buffer_count") {
+        if (auto n = in_.count(v, key, 3, 1 << 20))
+          out_.engine.offload.nvme_buffer_count = int(*n);
+        else
+          auto_note(key, "keeps " + std::to_string(out_.engine.offload.nvme_buffer_count) + " chunk buffers");
       } else {
         other(key);
       }
@@ -245,9 +271,40 @@ class deepspeed_reader {
       const std::string key = where + "." + k;
       if (k == "device") {
         const std::string d = in_.string(v, key);
-        if (d != "none")
-          in_.fail(key, "is \"" + d + "\": zshard keeps parameter shards on the device",
-                   "set \"none\"; with 8 ranks a 70B model's bf16 shards take 17.5 GB each (see zshard_plan)");
+        if (d == "nvme")
+          in_.fail(key, "is \"nvme\": zshard keeps offloaded parameter shards in host memory, not on NVMe",
+                   "use \"cpu\" (and offload_optimizer \"nvme\" for the optimizer state); size host memory with "
+                   "zshard_plan --offload-param cpu");
+        if (d != "cpu" && d != "none") in_.fail(key, "is \"" + d + "\"", "use \"cpu\" or \"none\"");
+        out_.offload_param = d == "cpu";
+        out_.engine.offload.params = out_.offload_param ? offload_tier::host : offload_tier::device;
+      } else if (k == "pin_memory") {
+        pin_memory(v, key);
+      } else {
+        other(key);
+      }
+    }
+  }
+
+  // One host tier holds parameters and optimizer state alike: one pin_memory for both.
+  void pin_memory(const nlohmann::ordered_json& v, const std::string& key) {
+    const auto b = in_.boolean(v, key);
+    if (!b) return auto_note(key, "keeps pin_memory = " + std::string(out_.engine.offload.pin_memory ? "true" : "false"));
+    if (pin_seen_ && *b != out_.engine.offload.pin_memory)
+      in_.fail(key, std::string("= ") + (*b ? "true" : "false") + " differs from " + pin_key_,
+               "zshard keeps offloaded parameters and optimizer state in one host tier: give both the same value");
+    pin_seen_ = true;
+    pin_key_ = key;
+    out_.pin_memory = out_.engine.offload.pin_memory = *b;
+  }
+
+  // DeepSpeed's asynchronous I/O settings: the thread count maps, the rest are notes.
+  void aio(const nlohmann::ordered_json& a) {
+    in_.require_object(a, "aio");
+    for (const auto& [k, v] : a.items()) {
+      const std::string key = "aio." + k;
+      if (k == "thread_count") {
+        if (auto n = in_.count(v, key, 1, 64)) out_.engine.offload.nvme_io_threads = int(*n);
       } else {
         other(key);
       }
@@ -385,6 +442,9 @@ class deepspeed_reader {
   import_options opt_;
   deepspeed_settings out_;
   bool half_[2] = {false, false};
+  bool nvme_ = false;      // offload_optimizer.device is "nvme"
+  bool pin_seen_ = false;  // a pin_memory key was read (pin_key_ names it)
+  std::string pin_key_;
   std::set<std::string> seen_;
 };
 

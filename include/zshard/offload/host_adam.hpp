@@ -147,6 +147,7 @@ class host_adam_impl : private host_layout<Backend> {
                                              std::to_string(n) + " elements, its shard " + std::to_string(ps.numel));
     const bool first = !ps.has_grad;
     ps.has_grad = true;
+    if constexpr (!memory_is_host<Backend>()) moved_.to_host += n * sizeof(float);
     if constexpr (in_place) {
       store_.backend().synchronize(ready_on);  // the CPU reads g: it must be complete
       accumulate_in_place(ps, g, first);
@@ -190,6 +191,7 @@ class host_adam_impl : private host_layout<Backend> {
     for (param_id p = 0; p < steps_before_.size(); ++p) steps_before_[p] = params_[p].steps;  // NVMe: a failed step
     for (param_id p = 0; p < params_.size(); ++p) {
       auto& ps = params_[p];
+      if (ps.trainable && !layout::writes_host(p)) moved_.to_device += ps.numel * size_of(store_[p].type);  // staged up
       ps.skip = ps.trainable && !ps.has_grad && !hyper_.update_params_without_grad;
       if (!ps.trainable || ps.skip) continue;
       ++ps.steps;
@@ -312,6 +314,17 @@ class host_adam_impl : private host_layout<Backend> {
   const offload_config& config() const noexcept { return oc_; }
   // Bytes of offloaded parameter shards uploaded for gathers so far (0 without parameter offload).
   std::uint64_t uploaded_bytes() const noexcept { return tier_ ? tier_->uploaded_bytes() : 0; }
+  // Bytes moved between tiers so far (offload_config.hpp), as the planner counts them per step
+  // (memory_plan::moved); on a backend without storage, what a device run would move.
+  tier_traffic traffic() const noexcept {
+    tier_traffic t = moved_;
+    t.to_device += uploaded_bytes();
+    if (nvme_) {
+      t.disk_read = nvme_->step_bytes_read();
+      t.disk_written = nvme_->step_bytes_written();
+    }
+    return t;
+  }
   optim::simd_path path() const noexcept { return path_; }
   int threads() const noexcept { return pool_.size(); }
 
@@ -545,6 +558,7 @@ class host_adam_impl : private host_layout<Backend> {
   std::optional<param_tier<Backend, resource_type>> tier_;  // offloaded parameter shards (offload_config::params)
   std::optional<nvme_state<resource_type>> nvme_;          // master, m, v in files (offload_config::optimizer_state)
   std::vector<std::int64_t> steps_before_;                 // NVMe: update counts before the step, for a rollback
+  tier_traffic moved_{};  // gradients down, working values up (uploads: tier_, disk: nvme_)
   bool restoring_ = false;                                 // NVMe: update_tile rounds masters only (rollback)
   landing_queue<Backend, host_adam_impl> landing_;  // the device path's copies to the host in flight
   worker_pool pool_;  // last: joined before anything its jobs touch is destroyed

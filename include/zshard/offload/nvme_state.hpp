@@ -92,7 +92,11 @@ class nvme_state {
   // updated, with its state as of the active slot, then the failure propagates.
   template <class Update, class Restore>
   void update(Update&& update_chunk, Restore&& restore_chunk) {
-    if (!file_) return;
+    if (!file_) {  // accounting only: what a step would move
+      step_read_ += std::uint64_t(chunks_) * chunk_bytes();
+      step_written_ += std::uint64_t(chunks_) * chunk_bytes();
+      return;
+    }
     flush();
     cached_ = none;
     const std::size_t B = buffers_.size(), K = chunks_;

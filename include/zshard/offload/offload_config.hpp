@@ -27,6 +27,17 @@ constexpr std::string_view to_string(offload_tier t) noexcept {
   return "?";
 }
 
+// Bytes an Offloader moved between tiers (host_adam's traffic()): to the device (parameter
+// uploads for gathers, working values through staging), to the host (gradient shards), and read
+// from and written to its NVMe files by steps. The planner counts the same (memory_plan::moved).
+struct tier_traffic {
+  std::uint64_t to_device = 0, to_host = 0, disk_read = 0, disk_written = 0;
+  tier_traffic operator-(const tier_traffic& o) const noexcept {
+    return {to_device - o.to_device, to_host - o.to_host, disk_read - o.disk_read, disk_written - o.disk_written};
+  }
+  friend bool operator==(const tier_traffic&, const tier_traffic&) = default;
+};
+
 struct offload_config {
   // Threads that run the host optimizer on each rank, the rank's own thread included (it works
   // too while it waits). 0: one per hardware thread. With several ranks in one process (thread

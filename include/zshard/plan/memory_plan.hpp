@@ -53,6 +53,14 @@
 //  Host ledger (optimizer on the host, offload::host_adam): optimizer_state 3 · 4 · Σ s and
 //  grad_shards 4 · Σ s, s = shard rounded up to the host AdamW's tile granule, plus two
 //  staging halves of host_staging_numel f32 when the backend's memory is a device's.
+//  Offload tiers (engine_config::offload, docs/DESIGN.md; plan/offload_terms.hpp): with
+//  parameters offloaded (params = host) a sharded parameter's shard·e moves from the device's
+//  sharded_params to the host's, and each gather group charges its shards' upload buffers as
+//  device scratch beside its gathered values (gather_param too); with the optimizer state on
+//  NVMe the host keeps buffer_count chunk buffers (12 · nvme_chunk_numel bytes each) instead of
+//  master, m and v, and the nvme ledger the files (two slots of ceil(Σ s / chunk) chunks).
+//  memory_plan::moved counts a step's bytes to the device (uploads, working values through
+//  staging), to the host (gradient shards) and to and from disk.
 #include <string>
 #include <vector>
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "zshard/core/memory_ledger.hpp"
+#include "zshard/offload/offload_config.hpp"
 #include "zshard/plan/device_overheads.hpp"
 
 namespace zshard::plan {
@@ -22,6 +23,9 @@ struct plan_options {
   // host_adam's staging (offload_config::host_staging_numel) when the backend's memory is not
   // host memory (CUDA); 0 for the host and phantom backends, which stage nothing.
   std::size_t host_staging_numel = 0;
+  // The host backend: gradient shards and working values stay where they are (no transfer is
+  // counted in memory_plan::moved). Off for a GPU and for the phantom backend that stands in for one.
+  bool backend_memory_is_host = false;
   // The engine's construction on a backend that holds storage (initial values staged as f32,
   // the cross-rank model check). A phantom backend skips it; leaving it on only adds a small
   // scratch figure that the reductions usually exceed anyway.
@@ -35,6 +39,9 @@ struct plan_options {
   // engine::set_gradient_sync(false) for every micro-batch of a step but its last (no-sync
   // accumulation): full gradients stay until the last micro-batch reduces them.
   bool no_sync = false;
+  // The host ledger is page-locked memory (cuda_backend::pinned() with offload_config::pin_memory):
+  // reported, not charged otherwise.
+  bool host_pinned = false;
 };
 
 // One ledger's predicted peaks, laid out like memory_ledger's.
@@ -66,6 +73,11 @@ struct memory_plan {
   step_traffic traffic;  // the last step walked (the steady state of a one-program schedule)
   ledger_plan device;                  // the backend's ledger
   ledger_plan host;                    // host_adam's ledger (offloaded state); empty with the optimizer on device
+  ledger_plan nvme;                    // the NVMe tier's files (offload_config::optimizer_state = nvme); else empty
+  // Whether the host ledger is page-locked memory (a GPU backend with offload_config::pin_memory);
+  // as planned with (plan_options::host_pinned).
+  bool host_pinned = false;
+  tier_traffic moved;                  // bytes one step moves between tiers (the last step walked)
   std::size_t max_gathered_numel = 0;  // resident gathered elements at most (the I5 figure)
   device_overheads overheads;          // as planned with (plan_options::overheads)
   int steps_simulated = 0;             // optimizer steps walked until the schedule's state repeats

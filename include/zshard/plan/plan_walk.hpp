@@ -50,9 +50,9 @@
 #include "zshard/engine/open_scopes.hpp"
 #include "zshard/engine/settings_check.hpp"
 #include "zshard/model/model_spec.hpp"
-#include "zshard/optim/adamw_dispatch.hpp"
 #include "zshard/partition/hybrid_layout.hpp"
 #include "zshard/partition/partitioner.hpp"
+#include "zshard/plan/offload_terms.hpp"
 #include "zshard/plan/plan_result.hpp"
 #include "zshard/plan/schedule.hpp"
 #include "zshard/plan/trace_mirror.hpp"
@@ -71,7 +71,8 @@ class plan_walk {
         layouts_(std::move(layouts)),
         schedule_(schedule),
         opt_(opt),
-        mirror_(spec, layouts_, cfg.prefetch, opt.prefetcher == prefetch_policy::trace) {
+        mirror_(spec, layouts_, cfg.prefetch, opt.prefetcher == prefetch_policy::trace),
+        offload_(spec, cfg, layouts_, opt_) {
     const std::size_t np = spec.params().size(), nm = spec.modules().size();
     for (module_id m = 0; m < nm; ++m) {
       const std::size_t n = mirror_.module_numel()[m];
@@ -113,7 +114,10 @@ class plan_walk {
       walk_step(int(s), at);
     }
     out.device = result("device");
-    out.host = host_plan();
+    out.host = offload_.host();
+    out.nvme = offload_.nvme();
+    out.host_pinned = opt_.host_pinned;
+    out.moved = moved_;
     out.max_gathered_numel = max_gathered_numel_;
     out.steps_simulated = steps_;
     out.traffic = traffic_;
@@ -138,7 +142,7 @@ class plan_walk {
     here_ = {-1, 0, 0, 2, 0};
     std::size_t sharded_bytes = 0, trainable_shards = 0, largest_shard = 0;
     for (param_id p = 0; p < spec_.params().size(); ++p) {
-      sharded_bytes += layouts_[p].shard_numel * elem(p);
+      if (!offload_.offloaded(p)) sharded_bytes += layouts_[p].shard_numel * elem(p);  // else in the host ledger
       largest_shard = std::max(largest_shard, layouts_[p].shard_numel);
       if (trainable(p)) trainable_shards += layouts_[p].shard_numel;
       export_scratch_ = std::max(export_scratch_, gather_scratch(p));
@@ -156,14 +160,16 @@ class plan_walk {
   }
 
   // engine::gather_param: f32 staging of the padded value, and the gathered value beside it.
+  // An offloaded shard's upload buffer besides (offload_terms.hpp).
   std::size_t gather_scratch(param_id p) const {
     const auto& l = layouts_[p];
-    return 4 * l.padded_numel + (l.replicated ? 0 : l.padded_numel * elem(p));
+    return 4 * l.padded_numel + (l.replicated ? 0 : l.padded_numel * elem(p)) + offload_.upload_bytes(p);
   }
 
   void walk_step(int s, std::size_t at) {
     const step_program& prog = schedule_.cycle[at];
     traffic_ = {};
+    moved_ = {};
     mirror_.begin_step(int(at));
     micro_batches_left_ = 0;
     for (const auto& e : prog.events) micro_batches_left_ += e.kind == event_kind::end_backward ? 1 : 0;
@@ -179,6 +185,9 @@ class plan_walk {
       }
     }
     here_ = {s, at, prog.events.size(), 3, 0};
+    moved_.to_device += offload_.step_working_up();  // host_adam's update (no step skipped)
+    moved_.disk_read += offload_.step_disk_bytes();
+    moved_.disk_written += offload_.step_disk_bytes();
     tracker_.on_step();
     transient(mem_category::scratch, exchange_scratch_bytes(step_exchange_words, world_));  // ranks agree, grad stats
     traffic_.world += all_gather_bytes(8 * step_exchange_words, world_);
@@ -206,10 +215,12 @@ class plan_walk {
         break;
       case event_kind::gather_param:
         transient(mem_category::scratch, gather_scratch(e.param));
+        moved_.to_device += offload_.upload_bytes(e.param);
         if (sharded(e.param)) traffic_.shard_group += all_gather_bytes(layouts_[e.param].shard_numel * elem(e.param), group());
         break;
       case event_kind::export_params:
         transient(mem_category::scratch, export_scratch_);
+        for (param_id p = 0; p < spec_.params().size(); ++p) moved_.to_device += offload_.upload_bytes(p);
         break;
     }
   }
@@ -236,6 +247,7 @@ class plan_walk {
   void gather(param_id p) {
     if (!sharded(p) || resident_[p]) return;
     traffic_.shard_group += all_gather_bytes(layouts_[p].shard_numel * elem(p), group());
+    uploads_ += offload_.upload_bytes(p);  // the group's upload buffers (offload/param_tier.hpp)
     resident_[p] = true;
     resident_list_.push_back(p);
     account(p, +1);
@@ -296,10 +308,16 @@ class plan_walk {
     ahead_.clear();
     if (cfg_.check_every_scope) traffic_.world += all_gather_bytes(8 * 2, world_);
     mirror_.enter(m, use_of(k), ahead_);
+    uploads_ = 0;
     for (param_id p : params(m)) {
       gather(p);
       change(p, [&] { ++pins_[p]; });
     }
+    if (uploads_ > 0) {  // offloaded shards: the own group's upload buffers beside its gathered values
+      set(mem_category::gathered_params, gathered_bound());
+      uploaded(uploads_);
+    }
+    uploads_ = 0;
     for (param_id p : ahead_) gather(p);
     const std::size_t fixed = std::size_t(fixed_numel_), own = mirror_.module_numel()[m];
     ZSHARD_REQUIRE(fixed <= cfg_.prefetch.max_live_numel || (cfg_.prefetch.allow_oversized_module && fixed == own),
@@ -309,6 +327,7 @@ class plan_walk {
                        std::to_string(cfg_.prefetch.max_live_numel) + "; the engine would refuse it",
                    "close enclosing scopes sooner, or raise max_live_numel");
     set(mem_category::gathered_params, gathered_bound());
+    uploaded(uploads_);  // the group ahead's
     if (k != scope_kind::backward) return;
     ++backward_open_[m];
     for (param_id p : params(m)) {
@@ -410,6 +429,7 @@ class plan_walk {
       if (!packable(p)) continue;
       if (count > 1 && !hybrid_.flat()) traffic_.across_groups += all_reduce_bytes(4 * layouts_[p].numel, hybrid_.replicas);
       if (count == 1) reduce_traffic(p);
+      moved_.to_host += offload_.grad_down_bytes(p);
       here_.what = 1;
       here_.param = p;
       ledger_.release(mem_category::grad_buckets, 4 * layouts_[p].padded_numel);
@@ -446,12 +466,20 @@ class plan_walk {
       if (sharded(p))
         transient(mem_category::scratch, 4 * layouts_[p].shard_numel);  // replicated: all-reduced in place
       reduce_traffic(p);
+      moved_.to_host += offload_.grad_down_bytes(p);
       ledger_.release(mem_category::grad_buckets, 4 * layouts_[p].padded_numel);
       full_grad_[p] = false;
     }
     here_.what = what;
     pending_.clear();
     pending_numel_ = 0;
+  }
+
+  // A gather group's upload buffers, freed once the group is issued.
+  void uploaded(std::size_t bytes) {
+    if (bytes == 0) return;
+    transient(mem_category::scratch, bytes);
+    moved_.to_device += bytes;
   }
 
   // ---- communication (as null_comm counts it) ---------------------------------------------------
@@ -525,24 +553,6 @@ class plan_walk {
     return r;
   }
 
-  ledger_plan host_plan() const {
-    ledger_plan r;
-    r.name = "host";
-    if (opt_.optimizer != optimizer_location::host) return r;
-    std::size_t n = 0;
-    for (param_id p = 0; p < spec_.params().size(); ++p)
-      if (trainable(p)) n += optim::round_up_to_granule(layouts_[p].shard_numel);
-    auto put = [&r](mem_category c, std::size_t bytes) {
-      r.peak[std::size_t(c)] = r.at_total_peak[std::size_t(c)] = bytes;
-      r.total_peak += bytes;
-    };
-    put(mem_category::optimizer_state, 3 * 4 * n);
-    put(mem_category::grad_shards, 4 * n);
-    put(mem_category::scratch, 2 * 4 * opt_.host_staging_numel);
-    r.peak_phase = "construction (held for the whole run)";
-    return r;
-  }
-
   const model_spec& spec_;
   const engine_config& cfg_;
   const int world_;
@@ -551,6 +561,7 @@ class plan_walk {
   const training_schedule& schedule_;
   const plan_options opt_;
   trace_mirror mirror_;
+  offload_terms offload_;  // the tiers beyond the device (after layouts_ and opt_, which it reads)
   track::use_counter tracker_;
   std::vector<bool> resident_;  // U: resident in a run with an unbounded max_live_numel
   std::vector<param_id> resident_list_;
@@ -574,6 +585,8 @@ class plan_walk {
   memory_ledger ledger_{"device (plan)"};
   where here_{}, peak_at_{};
   step_traffic traffic_{};
+  tier_traffic moved_{};
+  std::size_t uploads_ = 0;  // the upload buffers of the gather group being walked
   std::size_t peak_seen_ = 0;
   int steps_ = 0;
 };
