@@ -1,11 +1,16 @@
 #pragma once
 // The host Offloader (ZeRO-Offload): fp32 master parameters, AdamW moments and fp32 gradient
 // shards live in host memory: the backend's page-locked memory and its ledger when it has one
-// (cuda_backend::pinned(); the budget is then the backend's host budget), else the offloader's
-// own ledger "host (offloaded optimizer state)" (host_memory.hpp). The update runs on the CPU
-// with the vectorised multi-threaded AdamW (optim/adamw_dispatch.hpp), and the updated working
-// shards (f32/bf16/f16) go back to the backend, which then holds only working shards, gathered
-// parameters and gradient buckets.
+// (cuda_backend::pinned(); the budget is then the backend's host budget) and
+// offload_config::pin_memory is on, else the offloader's own ledger "host (offloaded optimizer
+// state)" (host_memory.hpp). The update runs on the CPU with the vectorised multi-threaded AdamW
+// (optim/adamw_dispatch.hpp), and the updated working shards (f32/bf16/f16) go back to the
+// backend, which then holds only working shards, gathered parameters and gradient buckets.
+// The tiers beyond (docs/DESIGN.md, "offload tiers"; offload_config): with params = host the
+// working shards of sharded parameters live in the same host memory (param_tier.hpp) and the
+// update writes them there; with optimizer_state = nvme master, m and v live in files and the
+// update runs chunk by chunk as they are read (nvme_state.hpp). The plan of the work (layout,
+// tiles, staging rounds, chunks) is host_layout.hpp.
 //
 // What runs when, and what overlaps:
 //  - During backward, each reduced gradient shard arrives as soon as its bucket is reduced
@@ -209,6 +214,8 @@ class host_adam_impl : private host_layout<Backend> {
         update_direct(0, direct_.size(), in_memory());
         if constexpr (!in_place) update_through_staging(0, rounds_.size(), in_memory());
       }
+    } else if (nvme_) {  // accounting only: the tier counts what a step reads and writes
+      nvme_->update([](std::size_t, const chunk_view&) {}, [](std::size_t, const chunk_view&) {});
     }
     clear_grads();
   }

@@ -3,7 +3,8 @@
 // nvme): its flat f32 arrays of master, m and v (host_adam.hpp's layout) in one file per rank,
 // in fixed chunks of C = nvme_chunk_numel elements stored as [master | m | v] (12·C bytes).
 //
-// Two slots. The file holds every chunk twice; the state is the active slot's. A step
+// Two slots. The file holds every chunk twice, side by side (chunk k of slot s at byte
+// (2k + s) · 12·C, so that a step's reads and writes stay close); the state is the active slot's. A step
 // (update) reads each chunk from the active slot into one of nvme_buffer_count chunk buffers,
 // hands it to the caller (AdamW over the chunk's tiles) and writes it to the other slot:
 // chunk k is updated while k + 1 is read and k - 1 written (nvme_io.hpp's threads). Only when
@@ -141,7 +142,7 @@ class nvme_state {
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
 
   std::uint64_t offset(int slot, std::size_t k) const noexcept {
-    return (std::uint64_t(slot) * chunks_ + k) * chunk_bytes();
+    return (2 * std::uint64_t(k) + std::uint64_t(slot)) * chunk_bytes();
   }
   chunk_view view(std::size_t b, std::size_t k) const noexcept {
     float* base = buffers_[b].template as<float>();
