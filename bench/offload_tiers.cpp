@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -92,7 +93,7 @@ double step_time(const model_spec& spec, std::size_t numel, const offload_config
   return best;
 }
 
-nvme_figures nvme_step(const std::string& dir, int params, std::size_t numel, int rounds) {
+nvme_figures nvme_step(const std::string& dir, int params, std::size_t numel, int rounds, int io_threads) {
   const model_spec spec = model(params, numel);
   offload_config oc;
   oc.host_threads = 2;
@@ -102,6 +103,7 @@ nvme_figures nvme_step(const std::string& dir, int params, std::size_t numel, in
   oc.nvme_path = dir;
   oc.nvme_chunk_numel = std::size_t{1} << 20;  // 12 MiB chunks
   oc.nvme_buffer_count = 4;
+  oc.nvme_io_threads = io_threads;
   std::size_t chunks = 0, chunk_bytes = 0;
   f.step_s = step_time(spec, numel, oc, rounds, [&](auto& opt) {
     chunks = opt.nvme()->chunks();
@@ -168,20 +170,23 @@ upload_figures upload(int params, std::size_t numel, int rounds) {
 int main(int argc, char** argv) {
   std::string dir = std::filesystem::temp_directory_path().string();
   bool quick = false;
+  int io_threads = offload_config{}.nvme_io_threads;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick")
       quick = true;
     else if (a == "--scratch" && i + 1 < argc)
       dir = argv[++i];
+    else if (a == "--io-threads" && i + 1 < argc)
+      io_threads = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: offload_tiers [--scratch DIR] [--quick]\n");
+      std::fprintf(stderr, "usage: offload_tiers [--scratch DIR] [--io-threads N] [--quick]\n");
       return 2;
     }
   }
   const int scale = quick ? 1 : 4;
   try {
-    const nvme_figures n = nvme_step(dir, 8 * scale, std::size_t{3} << 20, 3);  // 24M (96M) parameters
+    const nvme_figures n = nvme_step(dir, 8 * scale, std::size_t{3} << 20, 3, io_threads);  // 24M (96M) parameters
     const upload_figures u = upload(16, std::size_t{8} << 20, quick ? 5 : 20);   // 256 MiB of bf16 shards
     const double gb = 1e9;
     std::printf("offload_tiers (scratch %s, %s)\n\n", dir.c_str(), n.direct ? "O_DIRECT" : "buffered I/O");

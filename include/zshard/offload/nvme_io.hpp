@@ -2,7 +2,9 @@
 // The NVMe tier's I/O threads: whole-chunk reads and writes (offload/nvme_file.hpp) queued by
 // the rank thread and run by a few threads of their own, so that the disk works while the
 // worker pool runs AdamW. One request per chunk buffer: submit() queues it, wait() returns when
-// it is done and rethrows its failure (the file, the offset and the byte count).
+// it is done and rethrows its failure (the file, the offset and the byte count). A write may
+// name a read into the same buffer to follow it (then_read): the I/O thread issues it at once,
+// so the disk does not wait for the rank thread to be scheduled between the two.
 //
 // Why threads and blocking pread/pwrite, not io_uring: on the drives measured (bench/NOTES.md,
 // "offload_tiers") whole chunks of megabytes reach the drive's sequential bandwidth from two
@@ -27,6 +29,8 @@ struct nvme_request {
   void* buf = nullptr;
   std::size_t bytes = 0;
   std::uint64_t offset = 0;
+  bool then_read = false;          // after a successful write: read `then_offset` into buf
+  std::uint64_t then_offset = 0;
 
  private:
   friend class nvme_io;
@@ -92,6 +96,7 @@ class nvme_io {
           r->file->write(r->buf, r->bytes, r->offset);
         else
           r->file->read(r->buf, r->bytes, r->offset);
+        if (r->write && r->then_read) r->file->read(r->buf, r->bytes, r->then_offset);
       } catch (...) {
         failed = std::current_exception();
       }

@@ -6,8 +6,9 @@
 // Two slots. The file holds every chunk twice, side by side (chunk k of slot s at byte
 // (2k + s) · 12·C, so that a step's reads and writes stay close); the state is the active slot's. A step
 // (update) reads each chunk from the active slot into one of nvme_buffer_count chunk buffers,
-// hands it to the caller (AdamW over the chunk's tiles) and writes it to the other slot:
-// chunk k is updated while k + 1 is read and k - 1 written (nvme_io.hpp's threads). Only when
+// hands it to the caller (AdamW over the chunk's tiles) and writes it to the other slot, the
+// buffer's next read (chunk k + buffers) queued behind that write: chunk k is updated while
+// k + 1 .. are read and k - 1 written (nvme_io.hpp's threads). Only when
 // every write has completed does the other slot become the active one. So a failed read or
 // write (the error names the file, the offset and the bytes) leaves the active slot, the
 // state of the last completed step, as it was; before the error propagates, the caller's
@@ -44,10 +45,10 @@ struct chunk_view {
   std::size_t first = 0;  // flat index of the chunk's element 0: master[i - first] is element i
 };
 
-// Chunk buffers for `chunks` chunks: nvme_buffer_count, but no more than the pipeline can fill
-// (one more than the chunks), none without chunks. The planner charges the same.
+// Chunk buffers for `chunks` chunks: nvme_buffer_count, but no more than there are chunks to
+// fill them. The planner charges the same.
 inline std::size_t nvme_buffers(const offload_config& oc, std::size_t chunks) noexcept {
-  return chunks == 0 ? 0 : std::min(std::size_t(oc.nvme_buffer_count), chunks + 1);
+  return std::min(std::size_t(oc.nvme_buffer_count), chunks);
 }
 
 template <class Resource>
@@ -104,17 +105,12 @@ class nvme_state {
     const int from = active_, to = 1 - active_;
     std::size_t entered = 0;  // chunks handed to update_chunk (the last may have failed half-way)
     try {
-      for (std::size_t k = 0; k + 1 < B && k < K; ++k) start(k % B, false, from, k);
+      for (std::size_t k = 0; k < B; ++k) start(k, false, from, k, K);
       for (std::size_t k = 0; k < K; ++k) {
-        io_->wait(requests_[k % B]);
+        io_->wait(requests_[k % B]);  // chunk k read (behind chunk k - B's write)
         ++entered;
         update_chunk(k, view(k % B, k));
-        start(k % B, true, to, k);
-        const std::size_t next = k + B - 1;  // its buffer is k - 1's: wait for that write first
-        if (next < K) {
-          io_->wait(requests_[next % B]);
-          start(next % B, false, from, next);
-        }
+        start(k % B, true, to, k, k + B);  // written, then chunk k + B read into the buffer
       }
       for (auto& r : requests_) io_->wait(r);
     } catch (...) {
@@ -148,13 +144,17 @@ class nvme_state {
     float* base = buffers_[b].template as<float>();
     return {base, base + chunk_, base + 2 * chunk_, k * chunk_};
   }
-  void start(std::size_t b, bool write, int slot, std::size_t k) {
+  // Buffer b: read chunk k (write false), or write chunk k and then read chunk `next` from the
+  // other slot when there is one.
+  void start(std::size_t b, bool write, int slot, std::size_t k, std::size_t next) {
     nvme_request& r = requests_[b];
     r.file = &*file_;
     r.write = write;
     r.buf = buffers_[b].data();
     r.bytes = chunk_bytes();
     r.offset = offset(slot, k);
+    r.then_read = write && next < chunks_;
+    r.then_offset = r.then_read ? offset(1 - slot, next) : 0;
     io_->submit(r);
   }
 
