@@ -102,7 +102,7 @@ class nvme_io {
       }
       {
         std::lock_guard lock(mu_);
-        r->failed = failed;
+        r->failed = std::move(failed);  // the rank thread holds the only reference once it takes it
         r->done = true;
       }
       done_.notify_all();
