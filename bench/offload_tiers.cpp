@@ -39,7 +39,9 @@ namespace {
 using namespace zshard;
 using clock_type = std::chrono::steady_clock;
 
-double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
 
 std::vector<shard_layout> layouts_of(const model_spec& spec, dtype t) {
   std::vector<shard_layout> l;
@@ -187,15 +189,17 @@ int main(int argc, char** argv) {
   const int scale = quick ? 1 : 4;
   try {
     const nvme_figures n = nvme_step(dir, 8 * scale, std::size_t{3} << 20, 3, io_threads);  // 24M (96M) parameters
-    const upload_figures u = upload(16, std::size_t{8} << 20, quick ? 5 : 20);   // 256 MiB of bf16 shards
+    const upload_figures u = upload(16, std::size_t{8} << 20, quick ? 5 : 20);              // 256 MiB of bf16 shards
     const double gb = 1e9;
     std::printf("offload_tiers (scratch %s, %s)\n\n", dir.c_str(), n.direct ? "O_DIRECT" : "buffered I/O");
     std::printf("%-34s %10s %10s\n", "what", "seconds", "GB/s");
-    std::printf("%-34s %10.3f %10.2f\n", "nvme step (read + write of state)", n.step_s, 2.0 * double(n.bytes) / gb / n.step_s);
+    std::printf("%-34s %10.3f %10.2f\n", "nvme step (read + write of state)", n.step_s,
+                2.0 * double(n.bytes) / gb / n.step_s);
     std::printf("%-34s %10.3f %10s\n", "the same step, state in memory", n.memory_step_s, "");
     std::printf("%-34s %10.3f %10.2f\n", "disk sequential read", n.read_s, double(n.bytes) / gb / n.read_s);
     std::printf("%-34s %10.3f %10.2f\n", "disk sequential write", n.write_s, double(n.bytes) / gb / n.write_s);
-    std::printf("%-34s %10.4f %10.2f\n", "parameter upload (stage + release)", u.upload_s, double(u.bytes) / gb / u.upload_s);
+    std::printf("%-34s %10.4f %10.2f\n", "parameter upload (stage + release)", u.upload_s,
+                double(u.bytes) / gb / u.upload_s);
     std::printf("%-34s %10.4f %10.2f\n", "plain memcpy of the same bytes", u.copy_s, double(u.bytes) / gb / u.copy_s);
     std::printf("\nstate_bytes_per_step: %llu\n", static_cast<unsigned long long>(2 * n.bytes));
     std::printf("nvme_step_vs_memory_step: %.3f\n", n.memory_step_s / n.step_s);

@@ -300,11 +300,10 @@ double gib(std::size_t bytes) { return double(bytes) / double(std::size_t{1} << 
 int report(const options& o, const model_spec& spec, const engine_config& cfg, int world, optimizer_location optimizer,
            const training_schedule& schedule) {
   const bool gpu = o.gpu.total(0) > 0;  // the GPU's terms: a device whose host tier may be page-locked
-  const memory_plan plan = plan_memory(spec, cfg, world, schedule,
-                                       {.optimizer = optimizer,
-                                        .prefetcher = o.prefetcher,
-                                        .overheads = o.gpu,
-                                        .host_pinned = gpu && cfg.offload.pin_memory && optimizer == optimizer_location::host});
+  const bool pinned = gpu && cfg.offload.pin_memory && optimizer == optimizer_location::host;
+  const memory_plan plan = plan_memory(
+      spec, cfg, world, schedule,
+      {.optimizer = optimizer, .prefetcher = o.prefetcher, .overheads = o.gpu, .host_pinned = pinned});
   std::optional<phantom_result> sim;
   if (o.simulate) {
     const int steps = plan.steps_simulated + int(schedule.cycle.size());
@@ -336,7 +335,8 @@ int report(const options& o, const model_spec& spec, const engine_config& cfg, i
   std::printf("sent_across_groups_gib_per_step: %.3f\n", gib(plan.traffic.across_groups));
   if (sim) {
     const bool same = plan.traffic.total() == sim->bytes_sent_per_step &&
-                      plan.traffic.across_groups == sim->across_groups_bytes_per_step && plan.moved == sim->moved_per_step;
+                      plan.traffic.across_groups == sim->across_groups_bytes_per_step &&
+                      plan.moved == sim->moved_per_step;
     std::printf("simulated_bytes_match_plan: %s\n", same ? "yes" : "no (max_live_numel binds: gathers differ)");
     std::printf("simulated_peak_gib: %.3f\n", gib(sim->peak()));
     bool within = sim->peak() <= plan.device.total_peak &&

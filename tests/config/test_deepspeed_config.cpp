@@ -212,8 +212,9 @@ TEST_CASE("offload settings zshard cannot honour are refused by name") {
        "zero_optimization.offload_optimizer.nvme_path is missing, and offload_optimizer.device is \"nvme\""},
       {zero(R"("offload_optimizer": {"device": "nvme", "nvme_path": "/n", "buffer_count": 2})"),
        "zero_optimization.offload_optimizer.buffer_count = 2 is out of range"},
-      {zero(R"("offload_optimizer": {"device": "cpu", "pin_memory": true}, "offload_param": {"device": "cpu", "pin_memory": false})"),
-       "zero_optimization.offload_param.pin_memory = false differs from zero_optimization.offload_optimizer.pin_memory"},
+      {zero(R"("offload_optimizer": {"device": "cpu", "pin_memory": true},
+               "offload_param": {"device": "cpu", "pin_memory": false})"),
+       "offload_param.pin_memory = false differs from zero_optimization.offload_optimizer.pin_memory"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.text);

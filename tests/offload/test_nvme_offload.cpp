@@ -131,7 +131,8 @@ class file_size_limit {
 
 }  // namespace
 
-TEST_CASE("optimizer state on NVMe trains bit for bit like in memory: worlds 1-4, checkpointing, no-grad, tied weight") {
+TEST_CASE(
+    "optimizer state on NVMe trains bit for bit like in memory: worlds 1-4, checkpointing, no-grad, tied weight") {
   ckpt_test::temp_dir dir;
   for (int world = 1; world <= 4; ++world) {
     for (dtype t : {dtype::f32, dtype::bf16}) {
@@ -173,7 +174,8 @@ TEST_CASE("NVMe optimizer state with parameters offloaded too, and through the d
     o.engine.offload.params = offload_tier::host;
     check_bitwise(train<device_like_backend>(o).train, want.train,
                   "device path, parameters offloaded, world " + std::to_string(world));
-    check_bitwise(train<host_backend>(o).train, want.train, "host, parameters offloaded, world " + std::to_string(world));
+    check_bitwise(train<host_backend>(o).train, want.train,
+                  "host, parameters offloaded, world " + std::to_string(world));
   }
 }
 
@@ -229,7 +231,8 @@ TEST_CASE("NVMe tier: a write failing in the middle of a step leaves the last st
       }
       s.working.push_back(w);
       if (!eng.spec().params()[p].trainable) continue;
-      for (auto [f, into] : {std::pair{state_field::master, &s.master}, {state_field::m, &s.m}, {state_field::v, &s.v}}) {
+      for (auto [f, into] :
+           {std::pair{state_field::master, &s.master}, {state_field::m, &s.m}, {state_field::v, &s.v}}) {
         std::vector<float> x(n);
         eng.read_shard(p, f, 0, x.data(), n);
         into->push_back(x);
@@ -351,7 +354,8 @@ TEST_CASE("NVMe tier settings are checked by name") {
     CHECK(thrown);
   };
   fails({.optimizer_state = offload_tier::nvme}, "without nvme_path");
-  fails({.optimizer_state = offload_tier::nvme, .nvme_path = "/tmp", .nvme_chunk_numel = 1000}, "nvme_chunk_numel = 1000");
+  fails({.optimizer_state = offload_tier::nvme, .nvme_path = "/tmp", .nvme_chunk_numel = 1000},
+        "nvme_chunk_numel = 1000");
   fails({.optimizer_state = offload_tier::nvme, .nvme_path = "/tmp", .nvme_buffer_count = 2}, "nvme_buffer_count = 2");
   fails({.params = offload_tier::nvme}, "params = nvme");
   fails({.optimizer_state = offload_tier::device}, "optimizer_state = device");

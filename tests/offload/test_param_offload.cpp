@@ -92,7 +92,8 @@ void check_bitwise(const toy::train_result& got, const toy::train_result& want, 
 
 }  // namespace
 
-TEST_CASE("parameter offload trains bit for bit like no offload: worlds 1-4, checkpointing, no-grad pass, tied weight") {
+TEST_CASE(
+    "parameter offload trains bit for bit like no offload: worlds 1-4, checkpointing, no-grad pass, tied weight") {
   for (int world = 1; world <= 4; ++world) {
     for (dtype t : {dtype::f32, dtype::bf16}) {
       const std::string what = "world " + std::to_string(world) + ", " + std::string(to_string(t));
@@ -117,7 +118,9 @@ TEST_CASE("parameter offload trains bit for bit like no offload: worlds 1-4, che
   }
 }
 
-TEST_CASE("parameter offload through the device (staging) path: offloaded shards written on the host, replicated ones staged") {
+TEST_CASE(
+    "parameter offload through the device (staging) path: offloaded shards written on the host, replicated ones "
+    "staged") {
   for (int world : {1, 3}) {
     for (dtype t : {dtype::f32, dtype::bf16}) {
       const std::string what = "world " + std::to_string(world) + ", " + std::string(to_string(t));

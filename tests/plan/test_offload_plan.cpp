@@ -112,16 +112,15 @@ TEST_CASE("offload plan equals the phantom run to the byte: device, host and NVM
   for (const tiers t : all_tiers) {
     for (int world : {1, 3, 8}) {
       const engine_config cfg = config(100'000, t, "/nonexistent (phantom runs create no file)");
-      const memory_plan plan =
-          plan_memory(model.spec, cfg, world, schedule, {.optimizer = optimizer_location::host, .initialization = false});
+      const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
+                                           {.optimizer = optimizer_location::host, .initialization = false});
       const phantom_result run = run_phantom<host_policies>(model.spec, cfg, world, schedule, 6);
       std::ostringstream table;
       print_plan(table, plan, &run.peak_step(), run.host ? &*run.host : nullptr, run.nvme ? &*run.nvme : nullptr);
       INFO(t.name() << ", world " << world << "\n" << table.str());
       memory_ledger device = run.after_construction;  // the whole run's peaks, category by category
       for (const auto& s : run.steps)
-        for (std::size_t c = 0; c < mem_category_count; ++c)
-          CHECK(s.peak(mem_category(c)) <= plan.device.peak[c]);
+        for (std::size_t c = 0; c < mem_category_count; ++c) CHECK(s.peak(mem_category(c)) <= plan.device.peak[c]);
       std::size_t peak = run.peak(), scratch = 0, gathered = 0, sharded = 0;
       for (const auto& s : run.steps) {
         scratch = std::max(scratch, s.peak(mem_category::scratch));
@@ -161,8 +160,8 @@ TEST_CASE("offload plan bounds the phantom run when max_live_numel binds") {
     for (int world : {1, 3}) {
       INFO(t.name() << ", world " << world);
       const engine_config cfg = config(4'500, t, "/phantom");
-      const memory_plan plan =
-          plan_memory(model.spec, cfg, world, schedule, {.optimizer = optimizer_location::host, .initialization = false});
+      const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
+                                           {.optimizer = optimizer_location::host, .initialization = false});
       const phantom_result run = run_phantom<host_policies>(model.spec, cfg, world, schedule, 6);
       for (const auto& s : run.steps)
         for (std::size_t c = 0; c < mem_category_count; ++c) CHECK(s.peak(mem_category(c)) <= plan.device.peak[c]);
@@ -207,7 +206,8 @@ TEST_CASE("offload plan against a host-backend run with real NVMe files: host an
 
 TEST_CASE("offload plan refuses what the engine refuses, with the same words") {
   const small_model model;
-  for (const tiers t : {tiers{offload_tier::host, offload_tier::host}, tiers{offload_tier::device, offload_tier::nvme}}) {
+  for (const tiers t :
+       {tiers{offload_tier::host, offload_tier::host}, tiers{offload_tier::device, offload_tier::nvme}}) {
     engine_config cfg = config(100'000, t, "/x");
     bool thrown = false;
     try {

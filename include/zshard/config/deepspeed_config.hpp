@@ -181,7 +181,8 @@ class deepspeed_reader {
     }
     if (out_.offload_param && !out_.offload_optimizer)
       in_.fail("zero_optimization.offload_param.device", "is \"cpu\" while offload_optimizer.device is not",
-               "offloaded parameter shards are updated on the host: set offload_optimizer.device to \"cpu\" or \"nvme\"");
+               "offloaded parameter shards are updated on the host: set offload_optimizer.device to \"cpu\" or "
+               "\"nvme\"");
     if (nvme_ && out_.engine.offload.nvme_path.empty())
       in_.fail("zero_optimization.offload_optimizer.nvme_path", "is missing, and offload_optimizer.device is \"nvme\"",
                "name a directory on the NVMe drive that is to hold the optimizer state");
@@ -289,7 +290,8 @@ class deepspeed_reader {
   // One host tier holds parameters and optimizer state alike: one pin_memory for both.
   void pin_memory(const nlohmann::ordered_json& v, const std::string& key) {
     const auto b = in_.boolean(v, key);
-    if (!b) return auto_note(key, "keeps pin_memory = " + std::string(out_.engine.offload.pin_memory ? "true" : "false"));
+    if (!b)
+      return auto_note(key, "keeps pin_memory = " + std::string(out_.engine.offload.pin_memory ? "true" : "false"));
     if (pin_seen_ && *b != out_.engine.offload.pin_memory)
       in_.fail(key, std::string("= ") + (*b ? "true" : "false") + " differs from " + pin_key_,
                "zshard keeps offloaded parameters and optimizer state in one host tier: give both the same value");

@@ -20,15 +20,15 @@ template <class Backend>
 class host_layout {
  protected:
   struct param_state {
-    bool trainable = false;      // updated by update(); has tiles
-    bool has_state = false;      // has master, m, v, grad in the flat arrays (trainable now or before)
-    bool has_grad = false;       // a gradient arrived since the last update/discard; else it is zero
-    bool skip = false;           // this update leaves it alone (no gradient)
-    std::int64_t steps = 0;      // updates applied to it (its AdamW bias correction)
+    bool trainable = false;        // updated by update(); has tiles
+    bool has_state = false;        // has master, m, v, grad in the flat arrays (trainable now or before)
+    bool has_grad = false;         // a gradient arrived since the last update/discard; else it is zero
+    bool skip = false;             // this update leaves it alone (no gradient)
+    std::int64_t steps = 0;        // updates applied to it (its AdamW bias correction)
     optim::adamw_step own_step{};  // when steps differs from the engine's step
-    std::size_t offset = 0;      // first element in the flat host arrays (a multiple of 32)
-    std::size_t numel = 0;       // shard elements
-    std::size_t first_tile = 0;  // tiles_[first_tile, first_tile + tile_count)
+    std::size_t offset = 0;        // first element in the flat host arrays (a multiple of 32)
+    std::size_t numel = 0;         // shard elements
+    std::size_t first_tile = 0;    // tiles_[first_tile, first_tile + tile_count)
     std::size_t tile_count = 0;
   };
   struct tile {
@@ -125,7 +125,7 @@ class host_layout {
   std::vector<segment> segments_;
   std::vector<round> rounds_;
   std::vector<std::size_t> chunk_direct_, chunk_rounds_;  // NVMe: each chunk's tiles and rounds (plan_chunks)
-  std::vector<param_id> by_offset_;                        // parameters with state, in flat-array order
+  std::vector<param_id> by_offset_;                       // parameters with state, in flat-array order
   std::size_t total_numel_ = 0;
 
  private:

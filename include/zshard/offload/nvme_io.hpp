@@ -29,7 +29,7 @@ struct nvme_request {
   void* buf = nullptr;
   std::size_t bytes = 0;
   std::uint64_t offset = 0;
-  bool then_read = false;          // after a successful write: read `then_offset` into buf
+  bool then_read = false;  // after a successful write: read `then_offset` into buf
   std::uint64_t then_offset = 0;
 
  private:

@@ -58,9 +58,7 @@ class nvme_state {
   // of a process (file name).
   nvme_state(const offload_config& oc, const std::string& tag, std::size_t total_numel, Resource& memory,
              bool holds_storage)
-      : chunk_(oc.nvme_chunk_numel),
-        chunks_((total_numel + chunk_ - 1) / chunk_),
-        ledger_("nvme (files)") {
+      : chunk_(oc.nvme_chunk_numel), chunks_((total_numel + chunk_ - 1) / chunk_), ledger_("nvme (files)") {
     const std::uint64_t file_bytes = 2 * std::uint64_t(chunks_) * chunk_bytes();
     ledger_.charge(mem_category::optimizer_state, file_bytes);
     const std::size_t buffers = nvme_buffers(oc, chunks_);
@@ -126,7 +124,9 @@ class nvme_state {
   // Elements [flat, flat + n) of field f (0 master, 1 m, 2 v) of the active slot, to or from
   // host memory; between steps.
   void read(int f, std::size_t flat, float* dst, std::size_t n) { access(f, flat, dst, n, false); }
-  void write(int f, std::size_t flat, const float* src, std::size_t n) { access(f, flat, const_cast<float*>(src), n, true); }
+  void write(int f, std::size_t flat, const float* src, std::size_t n) {
+    access(f, flat, const_cast<float*>(src), n, true);
+  }
   // The cached chunk back to the file (before a step; state access leaves it dirty).
   void flush() {
     if (!dirty_) return;

@@ -41,7 +41,9 @@ class offload_terms {
   // What a gather of p uploads first (its shard, in the working dtype), 0 unless offloaded.
   std::size_t upload_bytes(param_id p) const noexcept { return offloaded(p) ? layouts_[p].shard_numel * elem(p) : 0; }
   // host_adam copies each reduced gradient to the host unless the backend's memory is host memory.
-  bool grads_cross() const noexcept { return opt_.optimizer == optimizer_location::host && !opt_.backend_memory_is_host; }
+  bool grads_cross() const noexcept {
+    return opt_.optimizer == optimizer_location::host && !opt_.backend_memory_is_host;
+  }
   std::size_t grad_down_bytes(param_id p) const noexcept { return grads_cross() ? 4 * layouts_[p].shard_numel : 0; }
   bool on_nvme() const noexcept {
     return opt_.optimizer == optimizer_location::host && cfg_.offload.optimizer_state == offload_tier::nvme;
