@@ -64,6 +64,7 @@
 #include "zshard/plan/plan_walk.hpp"
 #include "zshard/plan/schedule.hpp"
 #include "zshard/plan/step_schedule.hpp"
+#include "zshard/plan/trainable_stages.hpp"
 
 namespace zshard::plan {
 
@@ -89,7 +90,9 @@ memory_plan plan_memory(const model_spec& spec, const engine_config& cfg, int wo
   plan_options o = opt;
   // Hybrid sharding splits two more communicators (shard group, replica group) off the world.
   if (group != world && o.overheads.communicators > 0) o.overheads.communicators += 2;
-  return detail::plan_walk(spec, cfg, world, std::move(layouts), schedule, o).run();
+  return detail::plan_each_trainable_set(spec, o, [&](std::vector<bool> trainable, std::vector<bool> has_state) {
+    return detail::plan_walk(spec, cfg, world, layouts, schedule, o, std::move(trainable), std::move(has_state)).run();
+  });
 }
 
 // One step program, every step the same.
