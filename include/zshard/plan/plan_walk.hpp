@@ -44,17 +44,16 @@ class plan_walk {
   plan_walk(const model_spec& spec, const engine_config& cfg, int world, const std::vector<shard_layout>& layouts,
             const training_schedule& schedule, const plan_options& opt, std::vector<bool> trainable,
             std::vector<bool> has_state)
-      : spec_(spec),
+      : spec_(with_trainable(spec, trainable)),
         cfg_(cfg),
         world_(world),
         hybrid_(hybrid_layout::of(cfg.hybrid, world)),
         layouts_(layouts),
         schedule_(schedule),
         opt_(opt),
-        trainable_(std::move(trainable)),
         has_state_(std::move(has_state)),
-        mirror_(spec, layouts_, cfg.prefetch, opt.prefetcher == prefetch_policy::trace),
-        gathered_(spec, layouts_, cfg.param_dtype, cfg.prefetch.max_live_numel, opt.prefetcher == prefetch_policy::any) {
+        mirror_(spec_, layouts_, cfg.prefetch, opt.prefetcher == prefetch_policy::trace),
+        gathered_(spec_, layouts_, cfg.param_dtype, cfg.prefetch.max_live_numel, opt.prefetcher == prefetch_policy::any) {
     const std::size_t np = spec.params().size(), nm = spec.modules().size();
     for (module_id m = 0; m < nm; ++m) {
       const std::size_t n = mirror_.module_numel()[m];
@@ -68,8 +67,10 @@ class plan_walk {
     keep_.assign(nm, false);
     for (const auto& name : opt.keep_gathered_until_backward) keep_[spec.module_by_name(name)] = true;
     unsynced_.assign(np, false);
-    tracker_.reset(spec);
-    between_step_controls_ = !opt.keep_gathered_until_backward.empty() || has_state_ != trainable_at_registration();
+    tracker_.reset(spec_);  // reads the trainable flags of this walk's set
+    bool unfreezes = false;  // some parameter frozen at registration gets its state later
+    for (param_id p = 0; p < np; ++p) unfreezes = unfreezes || (has_state_[p] && !spec.param(p).trainable);
+    between_step_controls_ = !opt.keep_gathered_until_backward.empty() || unfreezes;
   }
 
   memory_plan run() {
@@ -110,11 +111,13 @@ class plan_walk {
   };
 
   std::size_t elem(param_id p) const { return size_of(spec_.param(p).type.value_or(cfg_.param_dtype)); }
-  bool trainable(param_id p) const { return trainable_[p]; }
-  std::vector<bool> trainable_at_registration() const {
-    std::vector<bool> t(spec_.params().size());
-    for (param_id p = 0; p < t.size(); ++p) t[p] = spec_.param(p).trainable;
-    return t;
+  bool trainable(param_id p) const { return spec_.param(p).trainable; }
+  // The model as this walk's trainable set has it (the HookTracker reads the flags, as the
+  // engine's does after set_trainable).
+  static model_spec with_trainable(const model_spec& spec, const std::vector<bool>& trainable) {
+    model_spec s = spec;
+    for (param_id p = 0; p < s.params().size(); ++p) s.set_trainable(p, trainable[p]);
+    return s;
   }
   bool sharded(param_id p) const { return !layouts_[p].replicated; }
   const std::vector<param_id>& params(module_id m) const { return spec_.module(m).params; }
@@ -496,14 +499,14 @@ class plan_walk {
     return r;
   }
 
-  const model_spec& spec_;
+  const model_spec spec_;  // with this walk's trainable set
   const engine_config& cfg_;
   const int world_;
   const hybrid_layout hybrid_;
   const std::vector<shard_layout>& layouts_;
   const training_schedule& schedule_;
   const plan_options& opt_;
-  const std::vector<bool> trainable_, has_state_;  // per parameter (see the constructor)
+  const std::vector<bool> has_state_;  // per parameter (see the constructor)
   trace_mirror mirror_;
   gathered_bound gathered_;
   track::use_counter tracker_;
