@@ -26,13 +26,13 @@
 #include "zshard/engine/open_scopes.hpp"
 #include "zshard/engine/settings_check.hpp"
 #include "zshard/model/model_spec.hpp"
-#include "zshard/optim/adamw_dispatch.hpp"
 #include "zshard/partition/hybrid_layout.hpp"
 #include "zshard/partition/partitioner.hpp"
 #include "zshard/plan/gathered_bound.hpp"
 #include "zshard/plan/plan_result.hpp"
 #include "zshard/plan/schedule.hpp"
 #include "zshard/plan/trace_mirror.hpp"
+#include "zshard/plan/walk_ledger.hpp"
 #include "zshard/track/use_counter.hpp"
 
 namespace zshard::plan::detail {
@@ -91,8 +91,8 @@ class plan_walk {
       seen[key] = true;
       walk_step(int(s), at);
     }
-    out.device = result("device");
-    out.host = host_plan();
+    out.device = ledger_.result("device", [this](const where& w) { return describe(w); });
+    out.host = host_ledger_plan(layouts_, has_state_, opt_);
     out.max_gathered_numel = gathered_.max_numel();
     out.steps_simulated = steps_;
     out.traffic = traffic_;
@@ -100,15 +100,8 @@ class plan_walk {
   }
 
  private:
-  // Where the ledger's total peaked; the phase text is built once, at the end.
-  struct where {
-    int step = -1;
-    std::size_t program = 0, event = 0;
-    // 0: the event, 1: reduce-scatter of `param`, 2: initialization, 3: step(), 4: end of backward,
-    // 5: a control call's argument check after the event (before the step's first: event = npos)
-    int what = 0;
-    param_id param = 0;
-  };
+  using where = walk_point;
+
 
   std::size_t elem(param_id p) const { return size_of(spec_.param(p).type.value_or(cfg_.param_dtype)); }
   bool trainable(param_id p) const { return spec_.param(p).trainable; }
@@ -421,25 +414,10 @@ class plan_walk {
     if (!hybrid_.flat()) traffic_.across_groups += all_reduce_bytes(out, hybrid_.replicas);
   }
 
-  // ---- the ledger ----------------------------------------------------------------------------
-  void charge(mem_category c, std::size_t bytes) {
-    ledger_.charge(c, bytes);
-    if (ledger_.total_peak() > peak_seen_) {
-      peak_seen_ = ledger_.total_peak();
-      peak_at_ = here_;
-    }
-  }
-  void transient(mem_category c, std::size_t bytes) {
-    charge(c, bytes);
-    ledger_.release(c, bytes);
-  }
-  void set(mem_category c, std::size_t bytes) {
-    const std::size_t now = ledger_.current(c);
-    if (bytes > now)
-      charge(c, bytes - now);
-    else
-      ledger_.release(c, now - bytes);
-  }
+  // ---- the ledger (plan/walk_ledger.hpp), at the walk's point ------------------------------------
+  void charge(mem_category c, std::size_t bytes) { ledger_.charge(c, bytes, here_); }
+  void transient(mem_category c, std::size_t bytes) { ledger_.transient(c, bytes, here_); }
+  void set(mem_category c, std::size_t bytes) { ledger_.set(c, bytes, here_); }
 
   static constexpr const char* control_call = "a control call's argument check (set_gradient_sync, set_trainable, ...)";
   std::string describe(const where& w) const {
@@ -469,36 +447,6 @@ class plan_walk {
     return s;
   }
 
-  ledger_plan result(const std::string& name) const {
-    ledger_plan r;
-    r.name = name;
-    for (std::size_t i = 0; i < mem_category_count; ++i) {
-      r.peak[i] = ledger_.peak(mem_category(i));
-      r.at_total_peak[i] = ledger_.at_total_peak(mem_category(i));
-    }
-    r.total_peak = ledger_.total_peak();
-    r.peak_phase = describe(peak_at_);
-    return r;
-  }
-
-  ledger_plan host_plan() const {
-    ledger_plan r;
-    r.name = "host";
-    if (opt_.optimizer != optimizer_location::host) return r;
-    std::size_t n = 0;
-    for (param_id p = 0; p < spec_.params().size(); ++p)
-      if (has_state_[p]) n += optim::round_up_to_granule(layouts_[p].shard_numel);
-    auto put = [&r](mem_category c, std::size_t bytes) {
-      r.peak[std::size_t(c)] = r.at_total_peak[std::size_t(c)] = bytes;
-      r.total_peak += bytes;
-    };
-    put(mem_category::optimizer_state, 3 * 4 * n);
-    put(mem_category::grad_shards, 4 * n);
-    put(mem_category::scratch, 2 * 4 * opt_.host_staging_numel);
-    r.peak_phase = "construction (held for the whole run)";
-    return r;
-  }
-
   const model_spec spec_;  // with this walk's trainable set
   const engine_config& cfg_;
   const int world_;
@@ -522,10 +470,9 @@ class plan_walk {
   std::vector<bool> full_grad_;
   std::size_t pending_numel_ = 0, export_scratch_ = 0;
   std::vector<int> backward_open_;  // open backward scopes per module (nested ones are refused)
-  memory_ledger ledger_{"device (plan)"};
-  where here_{}, peak_at_{};
+  walk_ledger ledger_;
+  where here_{};
   step_traffic traffic_{};
-  std::size_t peak_seen_ = 0;
   int steps_ = 0;
 };
 
