@@ -4,7 +4,7 @@
 // max_live_numel, except one module larger than it alone, while its scope is open, when
 // allow_oversized_module is set. When such a scope closes, what it would leave gathered above
 // the budget (the Prefetcher's keep for reuse, a preferred hold) is released at once, so that
-// with no scope open the budget holds again (the memory planner relies on it: plan_walk.hpp).
+// with no scope open the budget holds again (the memory planner relies on it: plan/gathered_bound.hpp).
 //
 // Holds come in two kinds. A binding hold (the HookTracker's keeps_gathered) is never evicted,
 // so the budget check can fail on it. A preferred hold (the HookTracker's prefers_gathered: the

@@ -72,7 +72,7 @@ struct ledger_plan {
 // Bytes one rank sends in one optimizer step, by the communicator they travel on (ring
 // schedules, as null_comm counts them: all-gather and reduce-scatter (n - 1) blocks, all-reduce
 // 2 (n - 1) / n of the buffer). Exact when max_live_numel does not stop gathers ahead (then the
-// walk's gathers are the run's; see plan/plan_walk.hpp).
+// walk's gathers are the run's; see plan/gathered_bound.hpp).
 struct step_traffic {
   std::uint64_t shard_group = 0;    // gathers, reduce-scatters and replicated all-reduces in the shard group
   std::uint64_t across_groups = 0;  // hybrid: all-reduces of gradient shards across replica groups

@@ -102,7 +102,6 @@ class plan_walk {
  private:
   using where = walk_point;
 
-
   std::size_t elem(param_id p) const { return size_of(spec_.param(p).type.value_or(cfg_.param_dtype)); }
   bool trainable(param_id p) const { return spec_.param(p).trainable; }
   // The model as this walk's trainable set has it (the HookTracker reads the flags, as the
