@@ -1,7 +1,10 @@
 #pragma once
 // Which parameters are gathered, and why: pinned by an open scope, held, or gathered ahead /
 // kept for reuse by the Prefetcher (advisory). Owns invariant I5: resident elements stay within
-// max_live_numel, except one module larger than it alone when allow_oversized_module is set.
+// max_live_numel, except one module larger than it alone, while its scope is open, when
+// allow_oversized_module is set. When such a scope closes, what it would leave gathered above
+// the budget (the Prefetcher's keep for reuse, a preferred hold) is released at once, so that
+// with no scope open the budget holds again (the memory planner relies on it: plan/gathered_bound.hpp).
 //
 // Holds come in two kinds. A binding hold (the HookTracker's keeps_gathered) is never evicted,
 // so the budget check can fail on it. A preferred hold (the HookTracker's prefers_gathered: the
@@ -24,6 +27,7 @@
 // the gather stream; the compute stream waits for m's gathers before the scope hands out its
 // parameters, but not for the gathers ahead issued after that wait: those run while m computes.
 #include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -86,6 +90,9 @@ class residency {
       --e.pins;
       release_if_unused(p);
     }
+    // Only an oversized module's scope leaves more than max_live_numel behind: the budget
+    // binds again as soon as it stops executing (I5).
+    evict_until(0, {}, {});
   }
 
   // End of backward (I3): no hold survives it.
@@ -225,11 +232,15 @@ class residency {
   // soon, then those the Prefetcher asked for just now, last those under a preferred hold (see
   // the header comment). m's own stay.
   void make_room(module_id m, const std::vector<param_id>& ahead) {
-    const std::size_t budget = cfg_.max_live_numel;
     std::size_t needed = 0;
     for (param_id p : params(m))
       if (!store_[p].is_gathered()) needed += store_[p].layout.padded_numel;
-    const auto& own = params(m);
+    evict_until(needed, params(m), ahead);
+  }
+
+  // make_room's eviction: until `needed` more elements fit under max_live_numel, never `own`.
+  void evict_until(std::size_t needed, std::span<const param_id> own, std::span<const param_id> ahead) {
+    const std::size_t budget = cfg_.max_live_numel;
     for (int pass = 0; pass < 3 && store_.resident_numel() + needed > budget; ++pass) {
       for (std::size_t i = store_.gathered_set().size(); i-- > 0 && store_.resident_numel() + needed > budget;) {
         const param_id p = store_.gathered_set()[i];
