@@ -9,7 +9,9 @@
 //                                           pass records it, later ones replay it and gather
 //                                           ahead), everything gathered is released, nothing
 //                                           grows from pass to pass. Not collective.
-//   set_trainable(p, on)                    freeze / unfreeze between steps (as requires_grad_)
+//   set_trainable(p, on)                    freeze / unfreeze between steps (as requires_grad_);
+//                                           unfrozen, p trains from its working value as
+//                                           written while it was frozen (load, write_param)
 //   set_gradient_sync(on)                   between micro-batches (engine/grad_sync.hpp)
 //   set_keep_gathered_until_backward(m, on) between steps: m stays gathered from its counted
 //                                           forward to its backward (FSDP's
