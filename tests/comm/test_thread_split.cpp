@@ -125,13 +125,13 @@ TEST_CASE("thread_comm split: a rank that returns early fails its groups' waitin
       run_ranks(
           4,
           [&](thread_comm& comm) {
-            thread_comm pairs = comm.split(comm.rank() / 2, comm.rank());  // {0, 1}, {2, 3}
-            thread_comm across = comm.split(comm.rank() % 2, comm.rank());  // {0, 2}, {1, 3}
+            thread_comm pairs = comm.split(comm.rank() / 2, comm.rank());       // {0, 1}, {2, 3}
+            thread_comm across = comm.split(comm.rank() % 2, comm.rank());      // {0, 2}, {1, 3}
             thread_comm inner = nested ? pairs.split(0, pairs.rank()) : pairs;  // the same pair, split again
             float x = 1, y[2];
             inner.all_gather(&x, y, 1, dtype::f32);
             if (comm.rank() == 1) return;  // ends its run without its last collectives
-            if (comm.rank() == 0) inner.all_reduce(&x, &x, 1, dtype::f32, reduce_op::sum);  // waits for rank 1
+            if (comm.rank() == 0) inner.all_reduce(&x, &x, 1, dtype::f32, reduce_op::sum);   // waits for rank 1
             if (comm.rank() == 3) across.all_reduce(&x, &x, 1, dtype::f32, reduce_op::sum);  // waits for rank 1
             // rank 2 ends too: no collective of the whole world is left to catch rank 1's return
           },

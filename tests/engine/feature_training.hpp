@@ -111,10 +111,10 @@ template <class Engine>
 void apply_changes(Engine& eng, const plan& pl, int s) {
   const int writer = eng.world_comm().size() - 1;
   for (auto [it, end] = pl.value_at.equal_range(s); it != end; ++it)
-    eng.write_param(eng.spec().param_by_name(it->second.first),
-                    eng.world_comm().rank() == writer ? std::span<const float>(it->second.second)
-                                                      : std::span<const float>{},
-                    writer);
+    eng.write_param(
+        eng.spec().param_by_name(it->second.first),
+        eng.world_comm().rank() == writer ? std::span<const float>(it->second.second) : std::span<const float>{},
+        writer);
   for (auto [it, end] = pl.trainable_at.equal_range(s); it != end; ++it)
     eng.set_trainable(eng.spec().param_by_name(it->second.first), it->second.second);
   for (auto [it, end] = pl.lr_at.equal_range(s); it != end; ++it) eng.set_lr(it->second.first, it->second.second);

@@ -239,9 +239,11 @@ TEST_CASE("write_optimizer_state refuses a negative or non-finite v and a non-fi
       const char* text;
     };
     const bad_case cases[] = {
-        {state_field::v, -1e-3f, "a v for 'W0' whose element #5 is -0.001: a second moment must be finite and not negative"},
+        {state_field::v, -1e-3f,
+         "a v for 'W0' whose element #5 is -0.001: a second moment must be finite and not negative"},
         {state_field::v, NAN, "a v for 'W0' whose element #5 is nan: a second moment must be finite and not negative"},
-        {state_field::v, INFINITY, "a v for 'W0' whose element #5 is inf: a second moment must be finite and not negative"},
+        {state_field::v, INFINITY,
+         "a v for 'W0' whose element #5 is inf: a second moment must be finite and not negative"},
         {state_field::m, NAN, "an m for 'W0' whose element #5 is nan: a first moment must be finite"},
         {state_field::m, -INFINITY, "an m for 'W0' whose element #5 is -inf: a first moment must be finite"},
     };
@@ -273,8 +275,7 @@ void shard_ranges_never_wrap() {
   run_ranks(2, [](thread_comm& comm) {
     toy::ids id;
     host_backend backend;
-    engine<host_backend, thread_comm, Policies> eng(backend, comm, toy::make_spec({}, id),
-                                                     toy::base_options(2).engine);
+    engine<host_backend, thread_comm, Policies> eng(backend, comm, toy::make_spec({}, id), toy::base_options(2).engine);
     auto& off = const_cast<typename decltype(eng)::offloader_type&>(eng.offloader());
     constexpr std::size_t max = SIZE_MAX;
     for (param_id p : {id.W[0], id.b[0]}) {  // sharded, replicated
@@ -285,10 +286,10 @@ void shard_ranges_never_wrap() {
         std::size_t offset, count;
         bool ok;
       };
-      const range ranges[] = {{max, 4, false},     {max - 1, 4, false}, {max - 3, 4, false}, {max, 1, false},
-                              {max, 0, false},     {1, max, false},     {0, max, false},     {max, max, false},
-                              {n, 1, false},       {n + 1, 0, false},   {n - 1, 2, false},   {0, n + 1, false},
-                              {n, 0, true},        {0, n, true},        {n - 1, 1, true},    {0, 0, true}};
+      const range ranges[] = {{max, 4, false}, {max - 1, 4, false}, {max - 3, 4, false}, {max, 1, false},
+                              {max, 0, false}, {1, max, false},     {0, max, false},     {max, max, false},
+                              {n, 1, false},   {n + 1, 0, false},   {n - 1, 2, false},   {0, n + 1, false},
+                              {n, 0, true},    {0, n, true},        {n - 1, 1, true},    {0, 0, true}};
       for (state_field f : {state_field::working, state_field::master, state_field::m, state_field::v}) {
         for (const range& r : ranges) {
           INFO(eng.spec().param(p).name << " " << to_string(f) << " offset " << r.offset << " count " << r.count);

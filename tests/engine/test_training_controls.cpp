@@ -272,7 +272,7 @@ TEST_CASE("unfreezing after write_param trains from the written value, not a sta
   pl.base.steps = 5;
   pl.trainable_at.insert({1, {"W1", false}});  // trained once: its state exists and is kept while frozen
   pl.value_at.insert({2, {"W1", new_value("W1", 0.3f)}});
-  pl.trainable_at.insert({2, {"W1", true}});  // written, then unfrozen before the same step
+  pl.trainable_at.insert({2, {"W1", true}});   // written, then unfrozen before the same step
   pl.trainable_at.insert({1, {"b0", false}});  // replicated; written while frozen, frozen for one more step
   pl.value_at.insert({2, {"b0", new_value("b0", 0.05f)}});
   pl.trainable_at.insert({3, {"b0", true}});

@@ -112,7 +112,8 @@ TEST_CASE("a setting the ranks disagree on is printed as its value, in its own t
     const char* text;
   };
   const variant variants[] = {
-      {[](engine_config& c) { c.clip_norm_type = 1.0; }, "ranks disagree on clip_norm_type: rank 0 has 2, rank 2 has 1"},
+      {[](engine_config& c) { c.clip_norm_type = 1.0; },
+       "ranks disagree on clip_norm_type: rank 0 has 2, rank 2 has 1"},
       {[](engine_config& c) { c.clip_norm_type = INFINITY; },
        "ranks disagree on clip_norm_type: rank 0 has 2, rank 2 has inf"},
       {[](engine_config& c) { c.clip_norm = 0.25; }, "ranks disagree on clip_norm: rank 0 has 0, rank 2 has 0.25"},

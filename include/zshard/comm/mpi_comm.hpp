@@ -229,7 +229,8 @@ class mpi_comm {
       // Its members in group order (key, then rank: as MPI_Comm_split), by their rank in the root.
       std::vector<std::pair<std::int32_t, int>> members;
       for (int q = 0; q < size_; ++q)
-        if (all[2 * static_cast<std::size_t>(q)] == color) members.emplace_back(all[2 * static_cast<std::size_t>(q) + 1], q);
+        if (all[2 * static_cast<std::size_t>(q)] == color)
+          members.emplace_back(all[2 * static_cast<std::size_t>(q) + 1], q);
       std::sort(members.begin(), members.end());
       for (const auto& m : members)
         out.root_rank_.push_back(root_rank_.empty() ? m.second : root_rank_[static_cast<std::size_t>(m.second)]);

@@ -34,7 +34,7 @@ constexpr int answer_tag = 0x25a3;  // its answer: the collective's number, or f
 constexpr std::uint64_t finishing = ~std::uint64_t{0};
 
 struct lineage {
-  MPI_Comm ctrl = MPI_COMM_NULL;  // the root's control channel; null once the root is released
+  MPI_Comm ctrl = MPI_COMM_NULL;        // the root's control channel; null once the root is released
   std::vector<std::int64_t> peer_done;  // per root rank: collectives it called on the root, -1: running
   std::map<std::pair<int, std::uint64_t>, std::uint64_t> peer_group_done;  // (root rank, group) -> collectives
   std::map<std::uint64_t, std::uint64_t> my_groups;  // this rank's groups: id -> collectives called in it
@@ -83,8 +83,9 @@ inline std::string member_gone(const lineage& l, std::uint64_t group, const std:
     const auto it = l.peer_group_done.find({w, group});
     const std::uint64_t d = it == l.peer_group_done.end() ? 0 : it->second;  // never called one in it
     if (d <= waiting_seq)
-      return "rank " + std::to_string(w) + " (rank " + std::to_string(q) + " of this split group) returned (ended its run) after " +
-             std::to_string(d) + " collectives in this group without joining this one";
+      return "rank " + std::to_string(w) + " (rank " + std::to_string(q) +
+             " of this split group) returned (ended its run) after " + std::to_string(d) +
+             " collectives in this group without joining this one";
   }
   return {};
 }
@@ -127,8 +128,8 @@ class probes {
     std::vector<std::uint64_t> at(static_cast<std::size_t>(size), 0);
     std::vector<bool> answered(static_cast<std::size_t>(size), false);
     answered[static_cast<std::size_t>(rank)] = true;
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(1000));
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::min<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(1000));
     while (std::find(answered.begin(), answered.end(), false) != answered.end() &&
            std::chrono::steady_clock::now() < deadline) {
       int flag = 0;

@@ -154,18 +154,17 @@ class full_state {
       }
     }
     const std::string& name = e.spec_.param(p).name;
-    e.agreement_.same_arguments(what, {p, std::uint64_t(f), std::uint64_t(writer)}, bad,
-                                [&](const argument_problem& q) -> std::string {
-                                  if (q.code == wrong_size)
-                                    return "(the writer) passed a value of the wrong size for '" + name + "' (" +
-                                           std::to_string(numel) + " elements expected)";
-                                  const float x = std::bit_cast<float>(static_cast<std::uint32_t>(q.value));
-                                  return std::string("(the writer) passed ") + (f == state_field::v ? "a v" : "an m") +
-                                         " for '" + name + "' whose element #" + std::to_string(q.detail) + " is " +
-                                         format_number(x) +
-                                         (f == state_field::v ? ": a second moment must be finite and not negative"
-                                                              : ": a first moment must be finite");
-                                });
+    e.agreement_.same_arguments(
+        what, {p, std::uint64_t(f), std::uint64_t(writer)}, bad, [&](const argument_problem& q) -> std::string {
+          if (q.code == wrong_size)
+            return "(the writer) passed a value of the wrong size for '" + name + "' (" + std::to_string(numel) +
+                   " elements expected)";
+          const float x = std::bit_cast<float>(static_cast<std::uint32_t>(q.value));
+          return std::string("(the writer) passed ") + (f == state_field::v ? "a v" : "an m") + " for '" + name +
+                 "' whose element #" + std::to_string(q.detail) + " is " + format_number(x) +
+                 (f == state_field::v ? ": a second moment must be finite and not negative"
+                                      : ": a first moment must be finite");
+        });
   }
 };
 

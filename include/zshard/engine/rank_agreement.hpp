@@ -41,12 +41,16 @@ struct setting_value {
 
 inline std::string describe_setting(setting_kind k, std::uint64_t v) {
   switch (k) {
-    case setting_kind::real: return format_number(std::bit_cast<double>(v));
-    case setting_kind::flag: return v == 0 ? "false" : v == 1 ? "true" : std::to_string(v);
+    case setting_kind::real:
+      return format_number(std::bit_cast<double>(v));
+    case setting_kind::flag:
+      return v == 0 ? "false" : v == 1 ? "true" : std::to_string(v);
     case setting_kind::type:
       return v <= std::uint64_t(dtype::f16) ? std::string(to_string(static_cast<dtype>(v))) : std::to_string(v);
-    case setting_kind::hash: return "hash " + format_hex(v);
-    case setting_kind::count: break;
+    case setting_kind::hash:
+      return "hash " + format_hex(v);
+    case setting_kind::count:
+      break;
   }
   return std::to_string(v);
 }
@@ -195,10 +199,10 @@ class rank_agreement {
       std::string each;
       for (std::size_t r = 0; r < world; ++r)
         each += (r ? ", rank " : "rank ") + std::to_string(r) + " passed " + std::to_string(all[r * n + i]);
-      throw error(error_kind::usage,
-                  "ranks called " + what + " with different arguments: argument #" + std::to_string(i + 1) + ": " +
-                      each,
-                  "call it on every rank with the same arguments, at the same point of the training loop");
+      throw error(
+          error_kind::usage,
+          "ranks called " + what + " with different arguments: argument #" + std::to_string(i + 1) + ": " + each,
+          "call it on every rank with the same arguments, at the same point of the training loop");
     }
     for (std::size_t r = 0; r < world; ++r) {
       const argument_problem p{all[r * n + k], all[r * n + k + 1], all[r * n + k + 2]};
