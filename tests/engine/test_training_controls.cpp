@@ -283,6 +283,38 @@ TEST_CASE("unfreezing after write_param trains from the written value, not a sta
   check_both_offloaders(pl, "write while frozen, then unfreeze");
 }
 
+// The master follows the working value only where that was written: with bf16 working values a
+// freeze and unfreeze without a write keeps the f32 master bit for bit (not its bf16 rounding).
+TEST_CASE("unfreezing keeps an f32 master where the working value was not written (bf16 working values)") {
+  run_ranks(2, [](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine_config cfg = toy::base_options(2).engine;
+    cfg.param_dtype = dtype::bf16;
+    engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec({}, id), cfg);
+    const auto global = toy::make_batch(13, 0, 2 * 3);
+    feat::run_micro_batch(eng, toy::config{}, id, toy::slice(global, comm.rank() * 3, 3));
+    eng.step();
+    const auto master = eng.gather_optimizer_state(id.W[1], state_field::master);
+    const auto working = eng.gather_param(id.W[1]);
+    CHECK(master != working);  // the master has bits the bf16 working value lacks
+    eng.set_trainable(id.W[1], false);
+    eng.set_trainable(id.W[1], true);
+    CHECK(eng.gather_optimizer_state(id.W[1], state_field::master) == master);
+    // written while frozen: there, and only there, the master takes the written (bf16) value
+    eng.set_trainable(id.W[1], false);
+    std::vector<float> w = working;
+    w[0] = 0.25f;
+    w[9] = -1.5f;
+    eng.write_param(id.W[1], comm.rank() == 0 ? std::span<const float>(w) : std::span<const float>{}, 0);
+    eng.set_trainable(id.W[1], true);
+    std::vector<float> want = master;
+    want[0] = 0.25f;
+    want[9] = -1.5f;
+    CHECK(eng.gather_optimizer_state(id.W[1], state_field::master) == want);
+  });
+}
+
 namespace {
 // A saves a checkpoint where W1 (frozen since registration in A) holds a written value; B, whose
 // W1 was trainable at construction (state from the initial value), freezes it to load (the
