@@ -5,6 +5,7 @@
 // construction on every rank with a clear message.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <mutex>
@@ -199,4 +200,39 @@ TEST_CASE("hybrid with a second communicator for reductions: the same bits") {
   const auto o = options(8, 1);
   const auto one = train_hybrid(o, 4), two = train_hybrid(o, 4, true);  // 2 x 4
   CHECK(one.every_rank == two.every_rank);
+}
+
+// Issue 25 point 9: under hybrid sharding most collectives run in a shard group or a replica
+// group; a rank that returns early must stop the others there at once, as plain ZeRO-3 does, not
+// after the 60 s collective timeout.
+TEST_CASE("hybrid 2 x 2: a rank that returns early fails the others at once, naming it") {
+  auto o = toy::base_options(4);
+  o.engine.hybrid.shard_group_size = 2;
+  for (int early : {1, 2}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string msg;
+    try {
+      zshard::run_ranks(4, [&](zshard::thread_comm& comm) {  // the default 60 s collective timeout
+        toy::ids id;
+        zshard::host_backend backend;
+        zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, toy::make_spec(o.model, id),
+                                                                      o.engine);
+        for (int step = 0; step < 2; ++step) {
+          if (step == 1 && comm.rank() == early) return;  // ends its run before the second step
+          const auto global = toy::make_batch(o.model.vocab, std::uint64_t(step), 4 * o.rows);
+          toy::run_checkpointed_micro_batch(eng, o.model, id, toy::slice(global, comm.rank() * o.rows, o.rows));
+          eng.step();
+        }
+      });
+    } catch (const zshard::error& e) {
+      msg = e.what();
+    }
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    INFO(msg);
+    MESSAGE("rank " << early << " returned early: the others failed after "
+                    << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms");
+    CHECK(msg.find("rank " + std::to_string(early) + " ") != std::string::npos);
+    CHECK(msg.find("returned from its run_ranks function") != std::string::npos);
+    CHECK(waited < std::chrono::seconds(5));
+  }
 }

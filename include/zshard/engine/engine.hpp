@@ -233,11 +233,12 @@ class engine {
 
     store_.streams().order(stream_role::compute, stream_role::reduce);  // the Offloader reads gradient shards
     fp_.on_event(schedule_event::step);
-    // Before anything is applied: ranks whose schedules differ fail here, on every rank (I9).
+    // Before anything is applied: ranks whose schedules or learning rates differ fail here, on
+    // every rank (I9).
     global_grad_stats g;
     try {
       trace_span t(trace_, "wait", "gradient statistics exchange (waits for every rank)");
-      g = agreement_.at_step(counted_grad_norm(), fp_);
+      g = agreement_.at_step(counted_grad_norm(), fp_, ctl_.groups, step_ + 1);
     } catch (...) {
       offloader_.discard_grads();
       broken_ = std::current_exception();
@@ -302,7 +303,8 @@ class engine {
   // Multiply the loss gradient by this before backward (1 unless f16 loss scaling is on).
   float loss_scale() const noexcept { return scaler_.scale(); }
   // Learning rates per parameter group (optim/param_groups.hpp): group "default" is index 0. A
-  // schedule calls set_lr on every rank alike (not checked: it is called every step).
+  // schedule calls set_lr on every rank alike; the next step() checks that the ranks agree (in
+  // its one exchange) and fails on every rank, naming each group and every rank's rate, if not.
   float lr() const noexcept { return ctl_.groups.lr(0); }
   float lr(std::string_view group) const { return ctl_.groups.lr(ctl_.groups.index_of(group)); }
   void set_lr(float lr) {  // every group

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "zshard/comm/communicator.hpp"
+#include "zshard/core/checked_size.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/offloader.hpp"
 #include "zshard/optim/grad_clip.hpp"
@@ -223,9 +224,9 @@ class on_device_impl {
                    "parameter #" + std::to_string(p) + " has no optimizer state (frozen or out of range)");
     const auto& st = state_[p];
     const buffer<Backend>& b = f == state_field::master ? st.master : f == state_field::m ? st.m : st.v;
-    ZSHARD_REQUIRE(f != state_field::working && offset + n <= b.numel(), error_kind::usage,
-                   "state access of " + std::string(to_string(f)) + " elements [" + std::to_string(offset) + ", " +
-                       std::to_string(offset + n) + ") of a shard of " + std::to_string(b.numel()));
+    ZSHARD_REQUIRE(f != state_field::working && range_within(offset, n, b.numel()), error_kind::usage,
+                   "state access of " + std::string(to_string(f)) + ": " + describe_range(offset, n) +
+                       " of a shard of " + std::to_string(b.numel()));
     return b;
   }
 
