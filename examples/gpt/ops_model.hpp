@@ -92,6 +92,7 @@ class ops_gpt {
 
   std::size_t arena_bytes() const noexcept { return at_.total; }
   int rows() const noexcept { return batch_ * seq_; }
+  bool checkpointed() const noexcept { return checkpoint_; }
   const gpt_config& config() const noexcept { return c_; }
 
   // Tokens, targets, and for the token embedding's gradient the rows of each distinct token

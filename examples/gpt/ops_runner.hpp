@@ -18,8 +18,10 @@
 #include <vector>
 
 #include "ops_model.hpp"
-#include "zshard_gpt.hpp"
+#include "zshard_spec.hpp"
+#include "zshard/model/use_kind.hpp"
 #include "zshard/core/buffer.hpp"
+#include "zshard/core/tensor_view.hpp"
 #include "zshard/optim/adamw.hpp"
 #include "zshard/optim/grad_clip.hpp"
 
@@ -63,7 +65,9 @@ class ops_engine_runner {
   // Forward and backward of one micro-batch; gradients accumulate in the engine until step().
   void train_micro_batch(const batch& b) {
     if constexpr (computes) model_->load_batch(b);
-    forward(zshard::use_kind::counted, eng_.loss_scale() / float(std::size_t(b.batch_size) * b.seq_len));
+    float grad_weight = 0.0f;  // d(loss_scale x mean loss) / d(row loss)
+    if constexpr (computes) grad_weight = eng_.loss_scale() / float(std::size_t(b.batch_size) * b.seq_len);
+    forward(zshard::use_kind::counted, grad_weight);
     eng_.begin_backward();
     with(eng_.backward(ids_.head), [&](auto& p) { model_->head_backward(p); });
     for (int l = ids_.config.n_layers; l-- > 0;) {
@@ -156,12 +160,13 @@ class plain_trainer {
       for (int l = 0; l < ids_.config.n_layers; ++l) model_.block_forward(l, view(1 + l));
       model_.head_forward(view(head()), w);
       model_.head_backward(view(head()));
-      for (int l = ids_.config.n_layers; l-- > 0;) model_.block_backward(l, view(1 + l));
+      for (int l = ids_.config.n_layers; l-- > 0;) {
+        if (model_.checkpointed()) model_.block_forward(l, view(1 + l));  // recompute: one shared cache
+        model_.block_backward(l, view(1 + l));
+      }
       model_.embed_backward(view(0));
     }
-    double total = 0;
-    for (auto& mod : modules_)
-      for (auto& p : mod.params) total += b_.grad_stats_of(p.grad.template as<float>(), p.grad.numel(), s_).sum_squares;
+    const double total = sum_of_squares();
     const double denom = double(micro.size());
     const double norm = std::sqrt(total) / denom;
     const float scale = float(zshard::optim::clip_coefficient(norm, clip_) / denom);
@@ -192,14 +197,39 @@ class plain_trainer {
     bool decay;
     zshard::buffer<Backend> master, m, v, working, grad;
   };
-  struct module {
+  struct module_state {
     std::vector<param> params;
   };
   struct ptrs {
-    module* mod;
+    module_state* mod;
     const half_t* param(int k) const { return mod->params[std::size_t(k)].working.template as<const half_t>(); }
     float* grad(int k) { return mod->params[std::size_t(k)].grad.template as<float>(); }
   };
+
+  // Every gradient's sum of squares, added in double in parameter order (as the engine's
+  // Offloader does): on a backend that can reduce into device memory, one slot per gradient
+  // and one read; otherwise one grad_stats_of each.
+  double sum_of_squares() {
+    double total = 0;
+    if constexpr (requires(double* out) { b_.sum_squares_into(static_cast<const float*>(nullptr), 0, out, s_); }) {
+      std::size_t count = 0;
+      for (auto& mod : modules_) count += mod.params.size();
+      zshard::buffer<Backend> slots(b_, zshard::dtype::f32, 2 * count, zshard::mem_category::scratch, s_);
+      double* dev = slots.template as<double>();
+      std::size_t i = 0;
+      for (auto& mod : modules_)
+        for (auto& p : mod.params) b_.sum_squares_into(p.grad.template as<float>(), p.grad.numel(), dev + i++, s_);
+      sums_.resize(count);
+      b_.copy(sums_.data(), dev, count * sizeof(double), s_);
+      b_.synchronize(s_);
+      slots.reset_on(s_);
+      for (double x : sums_) total += x;
+    } else {
+      for (auto& mod : modules_)
+        for (auto& p : mod.params) total += b_.grad_stats_of(p.grad.template as<float>(), p.grad.numel(), s_).sum_squares;
+    }
+    return total;
+  }
 
   zshard::buffer<Backend> buf(zshard::dtype t, std::size_t n, zshard::mem_category c) {
     return zshard::buffer<Backend>(b_, t, n, c, s_);
@@ -213,7 +243,8 @@ class plain_trainer {
   zshard::optim::adamw_config hyper_;
   double clip_;
   typename Backend::stream s_;
-  std::vector<module> modules_;
+  std::vector<module_state> modules_;
+  std::vector<double> sums_;
   std::int64_t step_ = 0;
 };
 
