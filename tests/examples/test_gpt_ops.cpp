@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "../../examples/gpt/gpt_model.hpp"
-#include "gpt_ops_equivalence.hpp"
+#include "gpt_eigen_reference.hpp"
 
 namespace {
 

@@ -323,6 +323,7 @@ TEST_CASE("cuda_backend: synchronize() turns a stream that does not finish into 
 #include "nccl_cases.hpp"
 #include "engine_cases.hpp"
 #include "readiness_cases.hpp"
+#include "gpt_cases.hpp"
 
 int main(int argc, char** argv) {
   const auto census = zcuda::count_devices();
