@@ -27,7 +27,7 @@
 namespace {
 
 struct options {
-  gpt::cuda::gpu_run_options run{
+  gpt::gpu_run_options run{
       .model = {.vocab = 64, .seq_len = 64, .d_model = 128, .n_heads = 4, .n_layers = 4, .d_ff = 512},
       .batch = 8, .steps = 200, .checkpoint = true, .lr = 3e-3f, .clip = 1.0, .seed = 1234, .eval_every = 25};
   int gpus = 0;  // 0: every visible GPU
@@ -135,8 +135,8 @@ int main(int argc, char** argv) try {
   const auto data = gpt::corpus::synthetic(o.run.seed, mc.vocab, std::max<std::size_t>(std::size_t{1} << 18,
                                                                                       std::size_t(4 * mc.seq_len)));
   const auto model = gpt::make_zshard_model(mc, o.run.seed);
-  const auto cfg = gpt::cuda::engine_config_for(o.run);
-  const auto plan = gpt::cuda::plan_for(model, cfg, world, o.run);
+  const auto cfg = gpt::engine_config_for(o.run);
+  const auto plan = gpt::plan_for<gpt::cuda::cuda_ops>(model, cfg, world, o.run);
   const double plan_total = double(plan.device_total());
 
   cudaDeviceProp prop{};
@@ -148,7 +148,7 @@ int main(int argc, char** argv) try {
     gpt::cuda::cuda_ops probe(0, s.handle());
     gemm_rate = probe.gemm_flops_per_s(8192, 5);
   }
-  const double flops_token = gpt::cuda::flops_per_token(mc, mc.seq_len);
+  const double flops_token = gpt::flops_per_token(mc, mc.seq_len);
   std::printf("05_train_gpt_gpu: %s on %d x %s (sm_%d%d); %zu parameters; layers %d, d_model %d, heads %d, d_ff %d, "
               "vocab %d, seq %d, batch %d per GPU; %s; bf16 matmuls on cuBLAS (reference GEMM 8192^3: %.0f TFLOP/s)\n",
               o.plain ? "plain loop (no zshard)" : "zshard", world, prop.name, prop.major, prop.minor,

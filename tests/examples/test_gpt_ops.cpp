@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "../../examples/gpt/gpt_model.hpp"
+#include "../../examples/gpt/ops_plan.hpp"
 #include "gpt_eigen_reference.hpp"
+#include "zshard/testing/plan_check.hpp"
 
 namespace {
 
@@ -354,4 +356,36 @@ TEST_CASE("plain_trainer (weights resident) equals the engine at world 1, bit fo
     losses.push_back(net.mean_loss());
   }
   CHECK(losses == engine_run);
+}
+
+TEST_CASE("the ops runner's recorded schedule plans its run: every ledger category within the plan, 2 ranks") {
+  using hops16 = gpt::host_ops<zshard::bf16>;
+  gpt::gpu_run_options o;
+  o.model = {.vocab = 48, .seq_len = 8, .d_model = 24, .n_heads = 3, .n_layers = 3, .d_ff = 40};
+  o.batch = 2;  // per rank
+  o.eval_every = 2;
+  for (bool checkpoint : {true, false}) {
+    o.checkpoint = checkpoint;
+    const auto model = gpt::make_zshard_model(o.model, o.seed);
+    const auto cfg = gpt::engine_config_for(o);
+    const auto plan = gpt::plan_for<hops16>(model, cfg, 2, o, zshard::plan::device_overheads::none());
+    const auto data = gpt::corpus::synthetic(o.seed, o.model.vocab, 4096);
+    const std::size_t arena = gpt::ops_gpt<hops16>::arena_bytes(o.model, o.batch, o.model.seq_len, checkpoint);
+    zshard::run_ranks(2, [&](zshard::thread_comm& comm) {
+      using engine_t = zshard::engine<zshard::host_backend, zshard::thread_comm, gpt::gpu_policies>;
+      zshard::host_backend backend;
+      engine_t eng(backend, comm, model.spec, cfg);
+      hops16 ops;
+      gpt::ops_gpt<hops16> net(ops, o.model, o.batch, o.model.seq_len, checkpoint);
+      gpt::ops_engine_runner<engine_t, hops16> runner(eng, model, &net, net.arena_bytes(), checkpoint);
+      for (int step = 1; step <= 5; ++step) {
+        runner.train_micro_batch(data.get_rows(std::uint64_t(step), comm.rank() * o.batch, o.batch, o.model.seq_len));
+        eng.step();
+        if (step % o.eval_every == 0) runner.evaluate(data.get_rows(999, comm.rank() * o.batch, o.batch, o.model.seq_len));
+      }
+      CHECK(net.arena_bytes() == arena);
+      CHECK(backend.ledger().peak(zshard::mem_category::activations) == arena);
+      ZSHARD_CHECK_PEAK_WITHIN_PLAN(backend.ledger(), plan.device);
+    });
+  }
 }

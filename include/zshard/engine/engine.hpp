@@ -236,8 +236,13 @@ class engine {
     // Before anything is applied: ranks whose schedules differ fail here, on every rank (I9).
     global_grad_stats g;
     try {
+      local_grad_norm local;
+      {
+        trace_span t(trace_, "optimizer", "gradient statistics (this rank's sums; waits for backward)");
+        local = counted_grad_norm();
+      }
       trace_span t(trace_, "wait", "gradient statistics exchange (waits for every rank)");
-      g = agreement_.at_step(counted_grad_norm(), fp_);
+      g = agreement_.at_step(local, fp_);
     } catch (...) {
       offloader_.discard_grads();
       broken_ = std::current_exception();
