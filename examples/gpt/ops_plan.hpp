@@ -52,7 +52,7 @@ inline zshard::engine_config engine_config_for(const gpu_run_options& o) {
 }
 
 // The device plan for this run: the runner's schedule recorded on the phantom backend (three
-// steps; the evaluation pass after the second when there is one), planned with `overheads`
+// steps; the evaluation pass after the second's step() when there is one), planned with `overheads`
 // (device_overheads::cuda_defaults() on a GPU). Ops: the one the run computes with (its half
 // type sizes the arena).
 template <class Ops>
@@ -65,9 +65,9 @@ zshard::plan::memory_plan plan_for(const zshard_model& model, const zshard::engi
       model.spec, cfg, world,
       [&](auto& rec, int s) {
         ops_engine_runner<std::remove_reference_t<decltype(rec)>, Ops> r(rec, model, nullptr, arena, o.checkpoint);
+        if (o.eval_every > 0 && s == 2) r.evaluate(none);  // the run's evaluation after step 2's step()
         r.train_micro_batch(none);
         rec.step();
-        if (o.eval_every > 0 && s == 1) r.evaluate(none);
       },
       3);
   return zshard::plan::plan_memory(model.spec, cfg, world, schedule, {.overheads = overheads});

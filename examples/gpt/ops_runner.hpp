@@ -20,6 +20,7 @@
 #include "ops_model.hpp"
 #include "zshard_spec.hpp"
 #include "zshard/model/use_kind.hpp"
+#include "zshard/backend/backend.hpp"
 #include "zshard/core/buffer.hpp"
 #include "zshard/core/tensor_view.hpp"
 #include "zshard/optim/adamw.hpp"
@@ -134,7 +135,8 @@ class plain_trainer {
       for (const auto& pd : m.params) {
         const std::size_t n = std::size_t(pd.numel());
         std::vector<float> init(n);
-        for (std::size_t i = 0; i < n; ++i) init[i] = init_value(pd, std::int64_t(i), seed);
+        const std::uint64_t name_hash = hash_string(pd.name);
+        for (std::size_t i = 0; i < n; ++i) init[i] = init_value(pd, name_hash, std::int64_t(i), seed);
         param p{pd.decay, buf(zshard::dtype::f32, n, zshard::mem_category::optimizer_state),
                 buf(zshard::dtype::f32, n, zshard::mem_category::optimizer_state),
                 buf(zshard::dtype::f32, n, zshard::mem_category::optimizer_state),
@@ -171,13 +173,21 @@ class plain_trainer {
     const double norm = std::sqrt(total) / denom;
     const float scale = float(zshard::optim::clip_coefficient(norm, clip_) / denom);
     ++step_;
+    // As the engine's Offloader: one launch per two dozen parameters where the backend batches.
+    tasks_.clear();
     for (auto& mod : modules_)
       for (auto& p : mod.params) {
         const auto st = zshard::optim::make_adamw_step(hyper_, step_, scale, p.decay);
-        b_.adamw(st, p.master.template as<float>(), p.m.template as<float>(), p.v.template as<float>(),
-                 p.grad.template as<float>(), p.grad.numel(), p.working.data(), half_dtype<half_t>, s_);
-        b_.fill_zero(p.grad.data(), p.grad.bytes(), s_);
+        if constexpr (zshard::batched_adamw<Backend>) {
+          tasks_.push_back({st, p.master.template as<float>(), p.m.template as<float>(), p.v.template as<float>(),
+                            p.grad.template as<float>(), p.grad.numel(), p.working.data(), half_dtype<half_t>});
+        } else {
+          b_.adamw(st, p.master.template as<float>(), p.m.template as<float>(), p.v.template as<float>(),
+                   p.grad.template as<float>(), p.grad.numel(), p.working.data(), half_dtype<half_t>, s_);
+          b_.fill_zero(p.grad.data(), p.grad.bytes(), s_);
+        }
       }
+    if constexpr (zshard::batched_adamw<Backend>) b_.adamw_batch(tasks_, /*zero_grad=*/true, s_);
     return norm;
   }
 
@@ -216,9 +226,20 @@ class plain_trainer {
       for (auto& mod : modules_) count += mod.params.size();
       zshard::buffer<Backend> slots(b_, zshard::dtype::f32, 2 * count, zshard::mem_category::scratch, s_);
       double* dev = slots.template as<double>();
-      std::size_t i = 0;
-      for (auto& mod : modules_)
-        for (auto& p : mod.params) b_.sum_squares_into(p.grad.template as<float>(), p.grad.numel(), dev + i++, s_);
+      if constexpr (zshard::batched_sum_squares<Backend>) {
+        ptrs_.clear();
+        sizes_.clear();
+        for (auto& mod : modules_)
+          for (auto& p : mod.params) {
+            ptrs_.push_back(p.grad.template as<float>());
+            sizes_.push_back(p.grad.numel());
+          }
+        b_.sum_squares_batch(ptrs_, sizes_, dev, s_);
+      } else {
+        std::size_t i = 0;
+        for (auto& mod : modules_)
+          for (auto& p : mod.params) b_.sum_squares_into(p.grad.template as<float>(), p.grad.numel(), dev + i++, s_);
+      }
       sums_.resize(count);
       b_.copy(sums_.data(), dev, count * sizeof(double), s_);
       b_.synchronize(s_);
@@ -245,6 +266,9 @@ class plain_trainer {
   typename Backend::stream s_;
   std::vector<module_state> modules_;
   std::vector<double> sums_;
+  std::vector<const float*> ptrs_;  // batched sums of squares
+  std::vector<std::size_t> sizes_;
+  std::vector<zshard::adamw_task> tasks_;  // batched AdamW
   std::int64_t step_ = 0;
 };
 

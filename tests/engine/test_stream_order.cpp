@@ -374,7 +374,7 @@ TEST_CASE("overlap: gathered parameters are allocated and freed in the compute s
   for (bool tight : {false, true}) {
     const scenario sc{.world = 2, .tight_budget = tight, .bucket_numel = 1'000'000};
     const outcome o = run_checked<default_policies>(make_program(7300), sc, 3);
-    INFO(tight ? "tight budget (gathers ahead evicted unused)" : "roomy budget");
+    INFO("tight budget: " << tight);
     for (const auto& v : o.violations) MESSAGE(v);
     CHECK(o.violations.empty());
     CHECK(o.gathered_allocations > 20);
