@@ -57,7 +57,7 @@ run_stage() {
   return "${PIPESTATUS[0]}"
 }
 
-say "plan: build <= ${ZSHARD_GPU_BUILD_S:-180} s, test_cuda <= 150 s, hang test <= 40 s, examples <= 25 + 40 + 60 s, bench <= the rest (total ${total} s)"
+say "plan: build <= ${ZSHARD_GPU_BUILD_S:-180} s, test_cuda <= 150 s, hang test <= 40 s, examples <= 25 + 30 + 45 s, bench (kernels+engine, gpt, nccl+overlap) <= the rest (total ${total} s)"
 gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | head -1)
 nvcc_version=$("$nvcc" --version 2>/dev/null | tail -1)
 say "$(date -u +%Y-%m-%dT%H:%MZ) GPU: ${gpu:-none visible to nvidia-smi}; nvcc: ${nvcc_version:-not found at $nvcc}"
@@ -146,10 +146,10 @@ say "NCCL_LAUNCH_ORDER_IMPLICIT=1 (two communicators per GPU in flight)"
 tests="not run (no doctest header: bash bench/gpu/prepare_deps.sh, then carry .gpu_deps)"
 rc_main=0 rc_hang=0
 if [[ -n $doctest_inc ]]; then
-  run_stage test_cuda "$(budget 150 250)" "$out/test_cuda" --test-case-exclude='hang*'
+  run_stage test_cuda "$(budget 150 200)" "$out/test_cuda" --test-case-exclude='hang*'
   rc_main=$?
   if ((have_gpu)); then
-    run_stage test_cuda_hang "$(budget 40 230)" "$out/test_cuda" --test-case='hang*'
+    run_stage test_cuda_hang "$(budget 40 170)" "$out/test_cuda" --test-case='hang*'
     rc_hang=$?
   else
     rc_hang=77
@@ -169,10 +169,10 @@ if ((have_gpu)) && command -v mpicxx >/dev/null && command -v mpirun >/dev/null;
     mpi_flags+=(--oversubscribe)
     [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
   fi
-  if timeout "$(budget 60 200)" mpicxx -std=c++20 -O2 -Iinclude "-I$cuda/include" "-I$nccl_inc" \
+  if timeout "$(budget 60 160)" mpicxx -std=c++20 -O2 -Iinclude "-I$cuda/include" "-I$nccl_inc" \
        tests/gpu/test_nccl_mpi.cpp -o "$out/test_nccl_mpi" "-L$cuda/lib64" -lcudart "$nccl_lib" \
        "-Wl,-rpath,$(dirname "$nccl_lib")" >"$results/build_test_nccl_mpi.log" 2>&1; then
-    run_stage test_nccl_mpi "$(budget 40 200)" mpirun -n "$((ngpu > 0 ? ngpu : 1))" "${mpi_flags[@]}" \
+    run_stage test_nccl_mpi "$(budget 40 150)" mpirun -n "$((ngpu > 0 ? ngpu : 1))" "${mpi_flags[@]}" \
       "$out/test_nccl_mpi"
     rc_nccl_mpi=$?
     nccl_mpi="rc=$rc_nccl_mpi with $((ngpu > 0 ? ngpu : 1)) process(es)"
@@ -188,32 +188,39 @@ say "NCCL over MPI (test_nccl_mpi): $nccl_mpi"
 # ---- examples and bench: GPU only ---------------------------------------------------------------
 rc_example=0 rc_gpt_small=0 rc_gpt2=0 rc_bench=0
 if ((have_gpu)); then
-  run_stage example "$(budget 25 180)" "$out/03_gpu_engine" 10
+  run_stage example "$(budget 25 140)" "$out/03_gpu_engine" 10
   rc_example=$?
   say "example 03_gpu_engine rc=$rc_example"
   # 'used' counts from what the GPU used before the process (its CUDA context included)
   used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1 | tr -d ' '; }
   base=$(used_mib)
-  run_stage gpt_small "$(budget 40 150)" "$out/05_train_gpt_gpu" --steps 100 --log-every 20 ${base:+--baseline-used-mib "$base"}
+  run_stage gpt_small "$(budget 30 120)" "$out/05_train_gpt_gpu" --steps 100 --log-every 20 ${base:+--baseline-used-mib "$base"}
   rc_gpt_small=$?
   base=$(used_mib)
-  run_stage gpt2_small "$(budget 60 100)" "$out/05_train_gpt_gpu" --gpt2-small --steps 30 --log-every 5 \
+  run_stage gpt2_small "$(budget 45 90)" "$out/05_train_gpt_gpu" --gpt2-small --steps 30 --log-every 5 \
     ${base:+--baseline-used-mib "$base"}
   rc_gpt2=$?
   say "example 05_train_gpt_gpu rc=$rc_gpt_small (small), rc=$rc_gpt2 (GPT-2 small)"
-  run_stage bench_gpu "$(budget 300 5)" "$out/bench_gpu" $quick
+  # Three runs, each with its own figures, so a run cut at its budget loses only its own.
+  run_stage bench_engine "$(budget 150 60)" "$out/bench_gpu" $quick --stages kernels,engine
   rc_bench=$?
+  run_stage bench_gpt "$(budget 150 30)" "$out/bench_gpu" $quick --stages gpt
+  rc=$?
+  ((rc != 0)) && rc_bench=$rc
+  run_stage bench_comm "$(budget 150 5)" "$out/bench_gpu" $quick --stages nccl,overlap
+  rc=$?
+  ((rc != 0)) && rc_bench=$rc
   say "bench rc=$rc_bench; total $((SECONDS - t0)) s"
 else
   say "stage example, gpt_small, gpt2_small: skipped (no GPU)"
-  say "stage bench_gpu: skipped (no GPU); total $((SECONDS - t0)) s"
+  say "stage bench_engine, bench_gpt, bench_comm: skipped (no GPU); total $((SECONDS - t0)) s"
 fi
 
 # ---- the key figures, in one file -----------------------------------------------------------------
 {
   echo "# $(date -u +%Y-%m-%dT%H:%MZ) ${gpu:-no GPU}; nvcc ${nvcc_version:-?}; NCCL ${nccl_version:-?}"
   echo "# tests: $tests; NCCL over MPI: $nccl_mpi"
-  for f in gpt_small gpt2_small bench_gpu; do
+  for f in gpt_small gpt2_small bench_engine bench_gpt bench_comm; do
     [[ -f $results/$f.log ]] || continue
     echo "## $f"
     grep -E '^[a-z_0-9]+: [-0-9.]+' "$results/$f.log" || true
