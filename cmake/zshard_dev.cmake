@@ -85,6 +85,10 @@ if(ZSHARD_WITH_CUDA)
     target_compile_options(zshard_cuda_flags INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Werror>)
   endif()
   target_link_libraries(zshard_cuda_flags INTERFACE CUDA::cudart zshard_nccl)
+  # The example GPT's kernels and cuBLAS matmuls (examples/gpt/cuda/cuda_ops.cu): one nvcc
+  # translation unit, behind a plain C++ header, linked by the GPU example, bench_gpu and test_cuda.
+  add_library(zshard_gpt_cuda_ops STATIC ${PROJECT_SOURCE_DIR}/examples/gpt/cuda/cuda_ops.cu)
+  target_link_libraries(zshard_gpt_cuda_ops PUBLIC zshard::zshard zshard_cuda_flags CUDA::cublas)
 endif()
 
 # zshard_add_cuda_test(NAME <name> SOURCES <.cu files...> LABELS <labels...> [ARGS <args...>])

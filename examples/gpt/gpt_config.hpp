@@ -145,7 +145,8 @@ inline std::vector<module_desc> describe(const gpt_config& c) {
 
 // Initial value of element `index` of parameter `p`: a pure function of (seed, p.name, index),
 // so any shard can initialise its slice alone and get the bits the full model would have.
-inline float init_value(const param_desc& p, int64_t index, uint64_t seed) {
+// name_hash: hash_string(p.name), which a caller filling many elements computes once.
+inline float init_value(const param_desc& p, uint64_t name_hash, int64_t index, uint64_t seed) {
   if (index < 0 || index >= p.numel())
     throw std::out_of_range("init_value: index " + std::to_string(index) + " outside " + p.name +
                             " (numel " + std::to_string(p.numel()) + ")");
@@ -157,8 +158,7 @@ inline float init_value(const param_desc& p, int64_t index, uint64_t seed) {
     case init_rule::normal:
       break;
   }
-  const uint64_t h =
-      hash_combine(hash_combine(seed, hash_string(p.name)), static_cast<uint64_t>(index));
+  const uint64_t h = hash_combine(hash_combine(seed, name_hash), static_cast<uint64_t>(index));
   // Irwin-Hall: four 16-bit uniforms summed, centred and scaled to unit variance. Normal
   // enough for init, bounded (|z| < 3.47), and exact arithmetic (no libm), so the bits are
   // identical on every platform.
@@ -166,6 +166,9 @@ inline float init_value(const param_desc& p, int64_t index, uint64_t seed) {
   for (int j = 0; j < 4; ++j) s += (static_cast<double>((h >> (16 * j)) & 0xffffU) + 0.5) / 65536.0;
   constexpr double sqrt3 = 1.7320508075688772;
   return static_cast<float>((s - 2.0) * sqrt3 * p.init_std);
+}
+inline float init_value(const param_desc& p, int64_t index, uint64_t seed) {
+  return init_value(p, hash_string(p.name), index, seed);
 }
 
 }  // namespace gpt

@@ -237,8 +237,13 @@ class engine {
     // every rank (I9).
     global_grad_stats g;
     try {
+      local_grad_norm local;
+      {
+        trace_span t(trace_, "optimizer", "gradient statistics (this rank's sums; waits for backward)");
+        local = counted_grad_norm();
+      }
       trace_span t(trace_, "wait", "gradient statistics exchange (waits for every rank)");
-      g = agreement_.at_step(counted_grad_norm(), fp_, ctl_.groups, step_ + 1);
+      g = agreement_.at_step(local, fp_, ctl_.groups, step_ + 1);
     } catch (...) {
       offloader_.discard_grads();
       broken_ = std::current_exception();

@@ -153,33 +153,42 @@ class residency {
 
   // Gathers the parameters of `wanted` not yet gathered that `admit` lets in, as one group,
   // then marks the group's end on the gather stream for each (a group's collectives run at
-  // its end, so the mark must come after it). When a collective fails, the ones issued before
-  // it keep their mark (their buffers are freed on compute after waiting for it) and the one
-  // that failed goes back to sharded.
+  // its end, so the mark must come after it). The gathered buffers are allocated in the compute
+  // stream's order (param_store::begin_gather), so the gather stream first waits for compute up
+  // to that point: the kernels of the scopes before this one, not this scope's, which are
+  // enqueued after it. When a collective fails, the ones issued before it keep their mark
+  // (their buffers are freed on compute after waiting for it) and the rest go back to sharded.
   template <class Admit>
   void gather_group(const std::vector<param_id>& wanted, collective_tag tag, Admit&& admit) {
     issued_.clear();
+    begun_.clear();
+    try {
+      for (param_id p : wanted) {
+        if (store_[p].is_gathered() || !admit(p)) continue;
+        store_.begin_gather(p, {});
+        begun_.push_back(p);
+      }
+    } catch (...) {  // an allocation failed: nothing was issued, the buffers go back where they were allocated
+      for (param_id p : begun_) store_.release(p, {});
+      throw;
+    }
+    if (begun_.empty()) return;
+    store_.streams().order(stream_role::gather, stream_role::compute);
     try {
       grouped(comm_, [&] {
-        for (param_id p : wanted) {
+        for (param_id p : begun_) {
           auto& s = store_[p];
-          if (s.is_gathered() || !admit(p)) continue;
-          void* full = store_.begin_gather(p, {});
           tag.param = p;
-          try {
-            tagged::all_gather(comm_, s.shard.data(), full, s.layout.shard_numel, s.type,
-                               store_.streams().collective_on(stream_role::gather), tag);
-          } catch (...) {
-            // Never issued (or failed part way): back to sharded, the buffer freed on the
-            // gather stream that allocated it, not on compute, which never waited for it.
-            store_.abandon_gather(p, {});
-            throw;
-          }
+          tagged::all_gather(comm_, s.shard.data(), s.gathered().data(), s.layout.shard_numel, s.type,
+                             store_.streams().collective_on(stream_role::gather), tag);
           issued_.push_back(p);
         }
       });
     } catch (...) {
-      mark_issued();  // what was gathered before the failure (a budget error, say) stays ordered
+      // The one that failed and those never issued: back to sharded, freed on the gather stream,
+      // which waited for their allocation and is where any part of the failed collective went.
+      for (std::size_t i = issued_.size(); i < begun_.size(); ++i) store_.abandon_gather(begun_[i], {});
+      mark_issued();  // what was gathered before the failure stays ordered
       throw;
     }
     mark_issued();
@@ -272,7 +281,8 @@ class residency {
   const prefetch_config& cfg_;
   std::vector<entry> entries_;    // per parameter
   std::vector<hold> held_;        // per module: how it is held gathered
-  std::vector<param_id> issued_;  // the gathers of the group being issued
+  std::vector<param_id> begun_;   // the group's parameters whose buffers are allocated
+  std::vector<param_id> issued_;  // those whose gather was issued
   std::size_t hold_evictions_ = 0;
 };
 
