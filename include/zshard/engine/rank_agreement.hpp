@@ -70,6 +70,10 @@ struct argument_problem {
   std::uint64_t code = 0, detail = 0, value = 0;
 };
 
+// The words same_arguments exchanges for a call of `arguments` arguments: those and the three of
+// an argument_problem. What the planner charges for a control call's check.
+constexpr std::size_t argument_check_words(std::size_t arguments) { return arguments + 3; }
+
 struct global_grad_stats {
   double norm = 0;        // of type norm_type, over every rank's parts combined in double in rank order
   bool overflow = false;  // an Inf/NaN gradient element on some rank
@@ -189,6 +193,7 @@ class rank_agreement {
                       const std::function<std::string(const argument_problem&)>& describe = {}) {
     std::vector<std::uint64_t> mine = values;
     mine.insert(mine.end(), {problem.code, problem.detail, problem.value});
+    static_assert(argument_check_words(0) == 3);
     const std::size_t n = mine.size(), k = values.size(), world = static_cast<std::size_t>(comm_.size());
     const auto all = exchange(mine, {collective_use::arguments});
     if constexpr (!Backend::holds_storage) return;  // no peers' words (phantom): nothing to compare

@@ -172,16 +172,16 @@ class plan_walk {
   }
 
   // The engine's calls whose arguments every rank checks in one exchange of a few words
-  // (rank_agreement::same_arguments): set_gradient_sync (2 words: the flag and the problem bit)
-  // between micro-batches with plan_options::no_sync; set_keep_gathered_until_backward and
-  // set_trainable (3) between steps, with keep-gathered modules or parameters unfrozen later.
+  // (rank_agreement::same_arguments, argument_check_words): set_gradient_sync (one argument, the
+  // flag) between micro-batches with plan_options::no_sync; set_keep_gathered_until_backward and
+  // set_trainable (two) between steps, with keep-gathered modules or parameters unfrozen later.
   // The run may make them wherever the engine allows: no scope open, outside backward, no
   // counted forward awaiting its backward (and for the between-step ones, no backward yet in
   // this step). Each such point is charged the exchange's scratch over what is held there.
   void control_point() {
     if (depth_ != 0 || in_backward_ || counted_pending_) return;
-    std::size_t words = opt_.no_sync ? 2 : 0;
-    if (between_step_controls_ && backwards_done_ == 0) words = 3;
+    std::size_t words = opt_.no_sync ? argument_check_words(1) : 0;
+    if (between_step_controls_ && backwards_done_ == 0) words = argument_check_words(2);
     if (words == 0) return;
     const int what = here_.what;
     here_.what = 5;
