@@ -73,29 +73,34 @@ inline std::string new_checkpoint_name(const std::string& dir, std::int64_t step
 }
 
 // Leftovers of saves that did not complete.
-inline void remove_stale_temporaries(const std::string& dir) {
+inline void remove_stale_temporaries(const std::string& dir, const io_hook* hook = nullptr) {
   std::error_code ec;
+  std::vector<std::string> stale;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.size() > 5 && n[0] == '.' && n.compare(n.size() - 4, 4, ".tmp") == 0) std::filesystem::remove_all(e.path(), ec);
+    if (n.size() > 5 && n[0] == '.' && n.compare(n.size() - 4, 4, ".tmp") == 0) stale.push_back(e.path().string());
   }
+  for (const auto& p : stale) try {
+      remove_tree(p, hook);
+    } catch (const error&) {  // not in the way of this save: tried again by the next
+    }
 }
 
 // Points `latest` at name, atomically.
-inline void set_latest(const std::string& dir, const std::string& name) {
+inline void set_latest(const std::string& dir, const std::string& name, const io_hook* hook = nullptr) {
   const std::string tmp = dir + "/." + std::string(latest_file) + ".tmp";
-  write_small_file(tmp, name + "\n");
-  rename_path(tmp, dir + "/" + latest_file);
-  sync_directory(dir);
+  write_small_file(tmp, name + "\n", hook);
+  rename_path(tmp, dir + "/" + latest_file, hook);
+  sync_directory(dir, hook);
 }
 
 // The checkpoint `path` names: a checkpoint directory itself (it has a manifest), or a
 // directory of checkpoints whose `latest` names one.
-inline std::string resolve_checkpoint(const std::string& path) {
+inline std::string resolve_checkpoint(const std::string& path, const io_hook* hook = nullptr) {
   namespace fs = std::filesystem;
   if (fs::exists(path + "/" + manifest_file_name)) return path;
   if (fs::exists(path + "/" + latest_file)) {
-    std::string name = read_small_file(path + "/" + latest_file, 4096);
+    std::string name = read_small_file(path + "/" + latest_file, 4096, hook);
     while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
     checkpoint_name n;
     if (!parse_checkpoint_name(name, n))
@@ -112,14 +117,17 @@ inline std::string resolve_checkpoint(const std::string& path) {
 }
 
 // Keeps the newest `keep` complete checkpoints and the one `latest` names; removes the rest.
-inline void rotate_checkpoints(const std::string& dir, std::size_t keep, const std::string& latest) {
+inline void rotate_checkpoints(const std::string& dir, std::size_t keep, const std::string& latest,
+                               const io_hook* hook = nullptr) {
   if (keep == 0) return;
   auto all = list_checkpoints(dir);
   if (all.size() <= keep) return;
   for (std::size_t i = 0; i + keep < all.size(); ++i) {
     if (all[i].name == latest) continue;
-    std::error_code ec;
-    std::filesystem::remove_all(dir + "/" + all[i].name, ec);
+    try {
+      remove_tree(dir + "/" + all[i].name, hook);
+    } catch (const error&) {  // the save itself is complete; the next rotation tries again
+    }
   }
 }
 

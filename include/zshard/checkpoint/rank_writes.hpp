@@ -19,7 +19,7 @@ namespace zshard::checkpoint {
 template <class Write, class OnFailure>
 std::vector<std::string> write_and_meet(const std::string& markers, int rank, int world,
                                         std::chrono::milliseconds timeout, const std::string& what, Write&& write,
-                                        OnFailure&& on_failure) {
+                                        OnFailure&& on_failure, const io_hook* hook = nullptr) {
   bool ok = true;
   std::string text;
   try {
@@ -33,11 +33,11 @@ std::vector<std::string> write_and_meet(const std::string& markers, int rank, in
   }
   if (!ok) on_failure();
   try {
-    post_outcome(markers, rank, ok, text);
+    post_outcome(markers, rank, ok, text, hook);
   } catch (...) {
     // the others time out naming this rank
   }
-  const auto outcomes = await_outcomes(markers, world, timeout, what);
+  const auto outcomes = await_outcomes(markers, world, timeout, what, hook);
   std::vector<std::string> reports;
   for (int q = 0; q < world; ++q) {
     const auto& o = outcomes[static_cast<std::size_t>(q)];

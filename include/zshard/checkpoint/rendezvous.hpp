@@ -32,15 +32,16 @@ inline std::string marker_name(int rank, bool ok) {
 
 // Best effort when posting a failure (the disk may be full): a missing marker ends in the
 // waiters' timeout, which names the rank.
-inline void post_outcome(const std::string& dir, int rank, bool ok, const std::string& text) {
+inline void post_outcome(const std::string& dir, int rank, bool ok, const std::string& text,
+                         const io_hook* hook = nullptr) {
   const std::string part = dir + "/." + marker_name(rank, ok) + ".part";
-  write_small_file(part, text);
-  rename_path(part, dir + "/" + marker_name(rank, ok));
+  write_small_file(part, text, hook);
+  rename_path(part, dir + "/" + marker_name(rank, ok), hook);
 }
 
 // Every rank's outcome, in rank order; throws io after `timeout` naming the ranks still missing.
 inline std::vector<rank_outcome> await_outcomes(const std::string& dir, int world, std::chrono::milliseconds timeout,
-                                                const std::string& what) {
+                                                const std::string& what, const io_hook* hook = nullptr) {
   namespace fs = std::filesystem;
   std::vector<rank_outcome> out(static_cast<std::size_t>(world));
   std::vector<bool> seen(out.size(), false);
@@ -55,7 +56,7 @@ inline std::vector<rank_outcome> await_outcomes(const std::string& dir, int worl
         const std::string m = dir + "/" + marker_name(r, ok);
         std::error_code ec;
         if (!fs::exists(m, ec)) continue;
-        out[i] = {ok, read_small_file(m)};
+        out[i] = {ok, read_small_file(m, std::size_t{64} << 20, hook)};
         seen[i] = true;
         ++count;
         break;
