@@ -114,14 +114,15 @@ TEST_CASE("a rank file truncated in the middle of a load or an export: every ran
 
 namespace {
 
-// Rank `rank`'s disk fills up at its first write past byte `after` of its rank file: from then
-// on every call that needs space fails with ENOSPC (creating, writing, sizing, syncing, closing
-// a file, creating a directory); renames and removals, which need none, still work.
-ck::io_hook full_disk(int rank, int full_rank, std::uint64_t after = 600) {
+// The disk of rank `full_rank` (this is rank `rank`) fills up at its first write past byte
+// `after` of a file whose path holds `file`: from then on every call that needs space fails
+// with ENOSPC (creating, writing, sizing, syncing, closing a file, creating a directory);
+// renames and removals, which need none, still work.
+ck::io_hook full_disk(int rank, int full_rank, const std::string& file, std::uint64_t after) {
   auto full = std::make_shared<bool>(false);  // this rank's hook only: one thread
   return [=](const ck::io_event& e) {
     if (rank != full_rank) return 0;
-    if (e.call == ck::io_call::write && e.offset > after && e.path.find("rank-0000") != std::string::npos) *full = true;
+    if (e.call == ck::io_call::write && e.offset > after && e.path.find(file) != std::string::npos) *full = true;
     if (!*full) return 0;
     switch (e.call) {
       case ck::io_call::create:
@@ -167,7 +168,7 @@ std::vector<timed_error> failing_on_ranks(Op&& op) {
 TEST_CASE("a full disk on one rank fails the save on every rank at once, with the file and ENOSPC") {
   temp_dir dir;
   const auto errors = failing_on_ranks([&](auto& eng, int rank) {
-    ck::save(eng, dir.path(), {.chunk_bytes = 1024, .io_timeout = 10s, .hook = full_disk(rank, 1)});
+    ck::save(eng, dir.path(), {.chunk_bytes = 1024, .io_timeout = 10s, .hook = full_disk(rank, 1, "rank-00001.safetensors", 600)});
   });
   for (const auto& e : errors) {
     INFO(e.what);
@@ -186,7 +187,7 @@ TEST_CASE("a full disk on one rank fails an export on every rank at once, with t
     ck::export_options o;
     o.chunk_bytes = 64;
     o.io_timeout = 10s;
-    o.hook = full_disk(rank, 2, 100);
+    o.hook = full_disk(rank, 2, "data.safetensors", 100);
     ck::export_engine(eng, out, o);
   });
   for (const auto& e : errors) {

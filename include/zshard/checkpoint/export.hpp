@@ -69,6 +69,7 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
     if (rank != 0) return;
     remove_tree(tmp, hook);
     make_directories(markers, hook);
+    prepare_markers(markers, world, hook);
     file_handle f = file_handle::create(data, hook);
     f.write_all(header.data(), header.size());
     std::uint64_t end = header.size();
@@ -77,7 +78,7 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
     f.close();
   });
   write_and_meet(
-      markers, rank, world, o.io_timeout, what,
+      eng, markers, o.io_timeout, what,
       [&] {
         host_staging chunk(eng.backend(), o.chunk_bytes);
         file_handle f(data, O_WRONLY, 0644, hook);

@@ -18,8 +18,9 @@
 // counted in a ledger (host_staging.hpp), allocated only when a piece needs staging (a dtype
 // conversion, device memory); plus a 64 KiB bounce buffer on the stack (verified_reads.hpp).
 //
-// A checkpoint of format version 1 has no per-parameter update counts: every parameter's AdamW
-// count continues from the run's step, and the load says so in the log (engine_config::log).
+// Older formats still load, and the load says once in the log (engine_config::log) what they
+// lack: version 1 has no per-parameter update counts (every parameter's AdamW count continues
+// from the run's step), versions 1 and 2 no checksum of the manifest itself (manifest.hpp).
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -53,6 +54,8 @@ struct loaded_checkpoint {
   std::string user_state;  // what save_options::user_state held on rank 0
   // false: a format 1 checkpoint without per-parameter update counts (each continued from `step`)
   bool update_counts_restored = false;
+  // false: a format 1 or 2 checkpoint, whose manifest has no checksum of its own
+  bool manifest_verified = false;
 };
 
 // The elements of parameter p this rank holds in the engine: [first, second) (its own shard,
@@ -201,15 +204,21 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         counts[p] = (*m.update_counts)[static_cast<std::size_t>(by_param[p] - m.params.data())];
       eng.restore_update_counts(counts);
       out.update_counts_restored = true;
-    } else if (rank == 0) {
-      eng.config().say("checkpoint '" + out.path + "' (format version " + std::to_string(m.version) +
-                       ") has no per-parameter update counts: every parameter's AdamW bias correction continues "
-                       "from the run's step " +
-                       std::to_string(m.run.step) +
-                       ", exact only if every parameter had a gradient in every step before the save; "
-                       "a save from this engine writes format " +
-                       std::to_string(manifest_version));
     }
+    if (rank == 0 && (!m.update_counts || !m.checksummed)) {  // what an older format lacks, in one note
+      std::string lacks;
+      if (!m.update_counts)
+        lacks = "no per-parameter update counts: every parameter's AdamW bias correction continues from the run's "
+                "step " +
+                std::to_string(m.run.step) + ", exact only if every parameter had a gradient in every step before the save";
+      if (!m.checksummed)
+        lacks += std::string(lacks.empty() ? "" : "; and ") +
+                 "no checksum of its manifest: damage to manifest.json is found only where it breaks the JSON or a "
+                 "range check";
+      eng.config().say("checkpoint '" + out.path + "' (format version " + std::to_string(m.version) + ") has " + lacks +
+                       "; a save from this engine writes format " + std::to_string(manifest_version));
+    }
+    out.manifest_verified = m.checksummed;
   } catch (const error& e) {
     throw error(e.kind(), what + ": " + partly + e.message(), "load again, or rebuild the engine");
   }

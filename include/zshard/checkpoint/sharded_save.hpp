@@ -8,7 +8,8 @@
 //     by parameter through one chunk of save_options::chunk_bytes, CRC32C on the way, fsync.
 //     With offload::host_adam the optimizer state is written from host memory directly.
 //  3. Ranks meet through marker files, not a collective (rank_writes.hpp): a slow disk cannot
-//     trip the communicator's timeout. Any rank's failure fails the save on every rank.
+//     trip the communicator's timeout. Any rank's failure (a full disk included: posting a
+//     marker needs no space) fails the save on every rank at once, with that rank's error.
 //  4. Rank 0 writes the user's state and manifest.json (sizes and CRC32C of every file, rank 0's
 //     per-parameter update counts: it holds elements of every parameter), fsyncs
 //     them and the directory, renames it into place, switches `latest` (checkpoint_dir.hpp)
@@ -129,6 +130,7 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
     const std::string tmp = dir + "/." + name + ".tmp";
     make_directories(tmp, hook);
     make_directories(dir + "/." + name + ".markers.tmp", hook);
+    prepare_markers(dir + "/." + name + ".markers.tmp", world, hook);
     if (::access(tmp.c_str(), W_OK) != 0) throw_io("cannot write into", tmp, errno, "choose a writable directory");
   });
   name = exchange_messages(eng, name)[0];
@@ -140,7 +142,7 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
   // 2. every rank writes its file; 3. meet through markers
   const std::string path = tmp + "/" + rank_file_name(file_rank);
   const std::vector<std::string> reports = write_and_meet(
-      markers, rank, world, o.io_timeout, what,
+      eng, markers, o.io_timeout, what,
       [&]() -> std::string {
         if (!writes) return "";  // a replica other than 0 under hybrid sharding: replica 0 writes
         host_staging chunk(eng.backend(), o.chunk_bytes);
@@ -150,7 +152,7 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
       [&] {
         if (!writes) return;
         try {
-          remove_path(path, hook);  // free the space a full disk needs for the marker
+          remove_path(path, hook);  // give back the space the partial file holds
         } catch (const error&) {
         }
       },
