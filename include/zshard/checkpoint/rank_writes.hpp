@@ -45,14 +45,15 @@ std::vector<std::string> write_and_meet(Engine& eng, const std::string& markers,
   } catch (const error& e) {
     throw error(e.kind(), what + " (rank " + std::to_string(rank) + "): " + e.message(), e.hint());
   }
-  const auto states = await_outcomes(markers, world, timeout, what);
-  // '1' + report or '0' + error: a marker and its rank's own word must both say done
+  await_outcomes(markers, world, timeout, what);
+  // Every rank is past its writes. Each one's own word decides, '1' + report or '0' + error:
+  // the markers only said that it finished (a file system that shows a rename late cannot
+  // turn a success into a failure, nor a failure into a success).
   const auto said = exchange_messages(eng, (ok ? "1" : "0") + text);
   std::vector<std::string> reports;
   for (int q = 0; q < world; ++q) {
     const std::string& s = said[static_cast<std::size_t>(q)];
-    if (states[static_cast<std::size_t>(q)] != marker_state::done || s.empty() || s[0] != '1')
-      throw decode_error(s.empty() ? s : s.substr(1), q, what);
+    if (s.empty() || s[0] != '1') throw decode_error(s.empty() ? s : s.substr(1), q, what);
     reports.push_back(s.substr(1));
   }
   return reports;

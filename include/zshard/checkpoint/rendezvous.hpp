@@ -10,10 +10,10 @@
 // before anyone writes, rank 0 creates an empty marker per rank, `.rank-0000q.pending`
 // (prepare_markers, inside a collective: a failure there fails every rank); a rank that is done
 // renames its own to `rank-0000q.done` or `rank-0000q.failed`, and if even that rename fails it
-// removes it. A done or failed marker, or a pending one gone without either, is that rank's
-// outcome. All ranks see the same markers, so all decide alike, within one poll interval of
-// each other; what each rank has to say (its report, or its error with the file and the
-// system's reason) then travels by a collective that every rank is already at (rank_writes.hpp).
+// removes it. A done or failed marker, or a pending one gone without either, says that its
+// rank has finished. Every rank leaves the wait within one poll interval of the others once
+// all have; what each has to say (its report, or its error with the file and the system's
+// reason) then travels by a collective that every rank is already at (rank_writes.hpp).
 // Only a rank that can neither rename nor remove its marker (a file system that refuses every
 // change) leaves the others to their deadline, which names it; that rank fails at once.
 #include <chrono>
@@ -63,8 +63,8 @@ inline std::optional<error> post_outcome(const std::string& dir, int rank, bool 
   }
 }
 
-// Every rank's outcome, in rank order (done, failed or removed); throws io after `timeout`
-// naming the ranks still pending.
+// Waits until every rank has finished (its marker done, failed or removed) and returns the
+// markers' states in rank order; throws io after `timeout` naming the ranks still pending.
 inline std::vector<marker_state> await_outcomes(const std::string& dir, int world, std::chrono::milliseconds timeout,
                                                 const std::string& what) {
   namespace fs = std::filesystem;
