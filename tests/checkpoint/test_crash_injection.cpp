@@ -2,8 +2,9 @@
 // calls in turn — an io_hook that ends the process at the Nth call, in a forked child, so that
 // every rank thread stops at once with nothing cleaned up, as in a real crash (an injected
 // error would instead run the save's own error handling). After each crash, list_checkpoints
-// lists only complete checkpoints, each of which loads, and the one `latest` names loads bit
-// for bit as it was saved: the previous checkpoint, or the new one once the save committed it.
+// lists only complete checkpoints (each byte for byte one of the two a save without a crash
+// leaves, which load), and the one `latest` names loads bit for bit as it was saved: the
+// previous checkpoint, or the new one once the save committed it.
 // And a rotation stopped half-way by an I/O error leaves no listed checkpoint incomplete; the
 // next save clears what it left. The forks run inside test_checkpoint: each happens between
 // test cases' thread ranks (the process has one thread then), and the child only saves and
@@ -12,9 +13,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <map>
 #include <memory>
 
 #include "ckpt_training.hpp"
@@ -51,6 +54,13 @@ full_state load_state(const std::string& path) {
   });
 }
 
+// Every file of a checkpoint directory, by name.
+std::map<std::string, std::string> files_of(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = ck::read_small_file(e.path());
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("crash injection: a save with rotation killed at each file-system call never leaves a bad checkpoint") {
@@ -72,6 +82,9 @@ TEST_CASE("crash injection: a save with rotation killed at each file-system call
   const full_state at3 = load_state(work);
   REQUIRE(ck::list_checkpoints(work).size() == 1);  // step 2 rotated away
   REQUIRE(calls > 20);
+  // the bytes of both complete checkpoints, whose loads were just checked
+  const std::map<std::int64_t, std::map<std::string, std::string>> complete = {
+      {2, files_of(base + "/step-0000000002")}, {3, files_of(work + "/step-0000000003")}};
   int kept_previous = 0, got_new = 0;
   for (int n = 1; n <= calls; ++n) {
     INFO("crash at call " << n << " of " << calls);
@@ -96,24 +109,20 @@ TEST_CASE("crash injection: a save with rotation killed at each file-system call
     REQUIRE(::waitpid(pid, &status, 0) == pid);
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == crashed_status);
-    // what the crash left: every listed checkpoint complete, `latest` naming one of them
+    // what the crash left: every listed checkpoint is one of the two complete ones, byte for
+    // byte, and `latest` names one of them and loads bit for bit
     const auto listed = ck::list_checkpoints(work);
     REQUIRE(!listed.empty());
-    const std::string latest = ck::resolve_checkpoint(work);
-    bool latest_listed = false;
     for (const auto& c : listed) {
       INFO(c.name);
       REQUIRE((c.step == 2 || c.step == 3));
-      const bool is_latest = latest == work + "/" + c.name;
-      latest_listed = latest_listed || is_latest;
-      if (!is_latest && listed.size() > 1) continue;  // loaded below
-      CHECK(same_bits(load_state(work + "/" + c.name), c.step == 2 ? at2 : at3));
-      ++(c.step == 2 ? kept_previous : got_new);
+      CHECK(files_of(work + "/" + c.name) == complete.at(c.step));
     }
-    CHECK(latest_listed);
-    if (listed.size() > 1)  // both: the other one must load too
-      for (const auto& c : listed)
-        if (latest != work + "/" + c.name) CHECK(same_bits(load_state(work + "/" + c.name), c.step == 2 ? at2 : at3));
+    const std::string latest = ck::resolve_checkpoint(work);
+    const auto it = std::find_if(listed.begin(), listed.end(), [&](auto& c) { return latest == work + "/" + c.name; });
+    REQUIRE(it != listed.end());
+    CHECK(same_bits(load_state(work), it->step == 2 ? at2 : at3));
+    ++(it->step == 2 ? kept_previous : got_new);
   }
   MESSAGE(calls.load() << " crash points: `latest` loaded the previous checkpoint after " << kept_previous
                 << " crashes, the new one after " << got_new);
