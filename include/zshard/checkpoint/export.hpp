@@ -37,7 +37,7 @@ struct export_options {
   state_field source = state_field::working;
   std::size_t chunk_bytes = std::size_t{64} << 20;
   std::chrono::milliseconds io_timeout = std::chrono::minutes(30);
-  write_hook hook{};
+  io_hook hook{};  // tests: sees every file-system call of the export (io_hook.hpp)
 };
 
 inline std::vector<planned_tensor> export_plan(const std::vector<manifest_param>& params, dtype type) {
@@ -59,6 +59,7 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
   const int shard_rank = eng.comm().rank();
   const bool writes = replica_of(eng) == 0;
   const std::string what = "export to '" + out + "'";
+  const io_hook* hook = o.hook ? &o.hook : nullptr;
   const manifest m = describe_engine(eng);
   const std::string tmp = out + ".zshard-export.tmp", data = tmp + "/data.safetensors";
   const std::string markers = tmp + "/markers";
@@ -66,21 +67,21 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
   const std::string header = make_header(export_plan(m.params, o.type), {{"format", "pt"}}, &offsets);
   agree(eng, what, [&] {
     if (rank != 0) return;
-    std::error_code ec;
-    std::filesystem::remove_all(tmp, ec);
-    make_directories(markers);
-    file_handle f = file_handle::create(data);
-    f.write_all(header.data(), header.size(), o.hook);
+    remove_tree(tmp, hook);
+    make_directories(markers, hook);
+    prepare_markers(markers, world, hook);
+    file_handle f = file_handle::create(data, hook);
+    f.write_all(header.data(), header.size());
     std::uint64_t end = header.size();
     for (const auto& t : export_plan(m.params, o.type)) end += t.bytes();
     f.truncate(end);
     f.close();
   });
   write_and_meet(
-      markers, rank, world, o.io_timeout, what,
+      eng, markers, o.io_timeout, what,
       [&] {
         host_staging chunk(eng.backend(), o.chunk_bytes);
-        file_handle f(data, O_WRONLY);
+        file_handle f(data, O_WRONLY, 0644, hook);
         for (param_id p = 0; writes && p < m.params.size(); ++p) {
           const auto& mp = m.params[p];
           const auto [b, e] = mp.replicated ? (shard_rank == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, mp.numel}
@@ -93,36 +94,39 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
               chunk.bytes_at(0), chunk.bytes(), e - b, from, o.type,
               [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, fld, first, dst, k); },
               [&](std::uint64_t first, std::size_t k, const void* src) {
-                f.write_at(base + first * size_of(o.type), src, k * size_of(o.type), o.hook);
+                f.write_at(base + first * size_of(o.type), src, k * size_of(o.type));
               });
         }
         f.sync();
         f.close();
         return std::string("ok");
       },
-      [] {});
+      [] {}, hook);
   agree(eng, what, [&] {
     if (rank != 0) return;
-    rename_path(data, out);
+    rename_path(data, out, hook);
     const auto parent = std::filesystem::path(out).parent_path().string();
-    sync_directory(parent.empty() ? "." : parent);
+    sync_directory(parent.empty() ? "." : parent, hook);
   });
-  std::error_code ec;
-  if (rank == 0) std::filesystem::remove_all(tmp, ec);  // every rank is past reading the markers
+  if (rank == 0) try {  // every rank is past reading the markers
+      remove_tree(tmp, hook);
+    } catch (const error&) {  // leftovers: the next export to `out` removes them
+    }
 }
 
 // A sharded checkpoint (a checkpoint directory, or a directory with `latest`) to one file.
 inline void export_checkpoint(const std::string& checkpoint, const std::string& out, const export_options& o = {}) {
   check_export_options(o);
-  const std::string dir = resolve_checkpoint(checkpoint);
+  const io_hook* hook = o.hook ? &o.hook : nullptr;
+  const std::string dir = resolve_checkpoint(checkpoint, hook);
   const std::string mpath = dir + "/" + manifest_file_name;
-  const manifest m = manifest::parse(read_small_file(mpath), mpath);
+  const manifest m = manifest::parse(read_small_file(mpath, std::size_t{64} << 20, hook), mpath);
   std::vector<std::unique_ptr<safetensors_file>> files;
   offload::host_memory mem("host (export staging)", std::nullopt, true);
   buffer<offload::host_memory> chunk(mem, dtype::f32, (o.chunk_bytes + 3) / 4, mem_category::scratch);
   for (int q = 0; q < m.world_size; ++q) {
     const auto& mf = m.files[static_cast<std::size_t>(q)];
-    files.push_back(std::make_unique<safetensors_file>(dir + "/" + mf.name));
+    files.push_back(std::make_unique<safetensors_file>(dir + "/" + mf.name, hook));
     if (files.back()->size() != mf.bytes)
       throw error(error_kind::io, "'" + files.back()->path() + "' has " + std::to_string(files.back()->size()) +
                                       " bytes, the manifest says " + std::to_string(mf.bytes) +
@@ -131,7 +135,7 @@ inline void export_checkpoint(const std::string& checkpoint, const std::string& 
   }
   const std::string tmp = out + ".zshard-export.tmp";
   {
-    safetensors_writer w(tmp, export_plan(m.params, o.type), {{"format", "pt"}}, o.hook);
+    safetensors_writer w(tmp, export_plan(m.params, o.type), {{"format", "pt"}}, hook);
     for (const auto& mp : m.params) {
       const state_field fld = mp.trainable ? o.source : state_field::working;
       const dtype from = fld == state_field::working ? mp.type : dtype::f32;
@@ -151,9 +155,9 @@ inline void export_checkpoint(const std::string& checkpoint, const std::string& 
     }
     w.finish();
   }
-  rename_path(tmp, out);
+  rename_path(tmp, out, hook);
   const auto parent = std::filesystem::path(out).parent_path().string();
-  sync_directory(parent.empty() ? "." : parent);
+  sync_directory(parent.empty() ? "." : parent, hook);
 }
 
 }  // namespace zshard::checkpoint
