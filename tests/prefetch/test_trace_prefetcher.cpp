@@ -250,3 +250,34 @@ TEST_CASE("pass_trace: a periodic no-grad evaluation has its own trace: no diver
   CHECK(eval_first_scope_resident[0] == numel);      // the first evaluation records
   CHECK(eval_first_scope_resident[1] == 3 * numel);  // the second replays: m1, m2 gathered ahead
 }
+
+TEST_CASE("an evaluation pass that leaves the default trace says which policy keeps prefetching through it") {
+  std::mutex mu;
+  std::vector<std::string> log;
+  engine_config cfg;
+  cfg.prefetch.prefetch_numel = 2 * numel;
+  cfg.log = [&](const std::string& line) {
+    std::lock_guard lock(mu);
+    log.push_back(line);
+  };
+  run_ranks(2, [&](thread_comm& comm) {
+    host_backend backend;
+    engine<host_backend, thread_comm, policies_with<prefetch::trace>> eng(backend, comm, chain(), cfg);
+    for (int step = 0; step < 2; ++step) {  // record, replay
+      for (module_id m = 0; m < modules; ++m) auto s = eng.forward(m);
+      eng.begin_backward();
+      for (module_id m = modules; m-- > 0;) auto g = eng.backward(m);
+      eng.end_backward();
+      eng.step();
+    }
+    for (module_id m = 0; m < modules; ++m) auto s = eng.forward(m, use_kind::no_grad);  // an evaluation
+  });
+  std::vector<std::string> said;
+  for (const auto& line : log)
+    if (line.find("left its recorded trace") != std::string::npos) said.push_back(line);
+  REQUIRE(said.size() == 2);  // once per rank
+  for (const auto& line : said) {
+    CHECK(line.find("module 'm0' (no_grad) at scope #0 where the trace has 'm0' (counted)") != std::string::npos);
+    CHECK(line.find("a no-grad pass (an evaluation?) between training steps: prefetch::pass_trace") != std::string::npos);
+  }
+}
