@@ -163,9 +163,8 @@ void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt
     const auto t0 = std::chrono::steady_clock::now();
     const double comm0 = comm_seconds;
     for (int mb = 0; mb < o.micro_batches; ++mb) {
-      // step s trains on rows [0, global batch) of data batch s - 1: micro-batch mb is rows
-      // [mb * world * batch, (mb + 1) * world * batch), and this rank takes its `batch` rows of it
-      const int first = (mb * world + rank) * o.batch;
+      // rows [0, global batch) of data batch step - 1, whatever the split (gpt::first_row)
+      const int first = gpt::first_row(mb, rank, world, o.batch);
       loss += runner.train_micro_batch(data.get_rows(std::uint64_t(step - 1), first, o.batch, T));
     }
     const auto t1 = std::chrono::steady_clock::now();

@@ -55,6 +55,11 @@ struct train_options {
   long long global_batch(int world) const { return 1LL * world * batch * micro_batches; }
 };
 
+// The data order: step s trains on rows [0, world x batch x micro) of data batch s - 1,
+// micro-batch mb on rows [mb x world x batch, (mb + 1) x world x batch) and rank r on its
+// `batch` rows of those, starting here. So a step's data depend on the global batch only.
+inline int first_row(int mb, int rank, int world, int batch) { return (mb * world + rank) * batch; }
+
 inline void print_usage() {
   std::printf(
       "usage: 02_train_gpt [options]\n"

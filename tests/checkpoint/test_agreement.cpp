@@ -7,8 +7,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "ckpt_training.hpp"
 #include "test_dir.hpp"
