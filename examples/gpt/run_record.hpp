@@ -66,11 +66,12 @@ inline std::vector<std::string> describe_resume(const run_record& saved, const r
                                                 const train_options& o) {
   std::vector<std::string> out;
   const auto show = [](double x) { return detail::show(x); };
+  const bool new_lr = o.was_given("--lr") && o.lr != saved_lr;
   out.push_back("  kept from the checkpoint: parameters, AdamW moments and update counts, step " +
                 std::to_string(now.step) + ", loss-scale state" +
-                (o.was_given("--lr") ? std::string() : ", learning rate " + show(saved_lr)));
+                (new_lr ? std::string() : ", learning rate " + show(saved_lr)));
   std::vector<std::string> changed;
-  if (o.was_given("--lr") && o.lr != saved_lr)
+  if (new_lr)
     changed.push_back("--lr " + show(o.lr) + " replaces the saved learning rate " + show(saved_lr));
   if (!saved.known) {
     out.push_back("  the checkpoint does not record the options it was saved with (an older 02_train_gpt): "
@@ -101,7 +102,7 @@ inline std::vector<std::string> describe_resume(const run_record& saved, const r
     out.push_back("  the same global batches of " + std::to_string(g_now) + " sequences, split " + split(now) +
                   " instead of " + split(saved) +
                   ": the gradient sums are grouped differently, so the run matches the uninterrupted one to "
-                  "rounding, not bit for bit");
+                  "rounding, not necessarily bit for bit");
   return out;
 }
 

@@ -93,11 +93,11 @@ inline void print_usage() {
       "  --resume DIR       continue from DIR's latest checkpoint (or a step-* directory) at the step\n"
       "                     it holds, keeping its learning rate unless --lr is given; it says which\n"
       "                     saved values it keeps and which options change them. With the same\n"
-      "                     --ranks, --batch, --micro, --seed, data, --clip and precision (and no\n"
+      "                     --ranks, --batch, --micro, --seed, data, --clip and precision (and no new\n"
       "                     --lr) it continues bit for bit as if never stopped. With another split of\n"
       "                     the same global batch (--ranks 2 --batch 8 after --ranks 4 --batch 4) it\n"
       "                     trains on the same batches, but the gradient sums are grouped\n"
-      "                     differently: equal to rounding, not bit for bit\n"
+      "                     differently: equal to rounding, not necessarily bit for bit\n"
       "  --export FILE      write the trained model as one safetensors file in torch's layout\n"
       "                     (linear weights (out, in); README: names and GPT-2 mapping)\n"
       "  --export-bf16      export in bf16 (default f32)\n"
@@ -128,7 +128,7 @@ inline long long whole_number(const std::string& flag, const std::string& v, lon
   if (used == 0 || used != v.size()) throw std::invalid_argument(flag + " takes a whole number, not '" + v + "'");
   if (n < min || n > max)
     throw std::invalid_argument(flag + " must be " +
-                                (max == std::numeric_limits<long long>::max() ? "at least " + std::to_string(min)
+                                (max >= std::numeric_limits<int>::max() ? "at least " + std::to_string(min)
                                                                               : "in [" + std::to_string(min) + ", " +
                                                                                     std::to_string(max) + "]") +
                                 ", got " + v);
@@ -228,10 +228,10 @@ inline zshard::config::deepspeed_settings apply_deepspeed(const gpt_config& mc, 
   for (const auto& n : ds.notes) std::printf("deepspeed config: %s\n", n.c_str());
   zshard::engine_config c = ds.engine;
   c.log = cfg.log;
-  // An explicit option wins; say what it replaces when the file set it.
+  // An explicit option wins; say what it replaces when the file set it to something else.
   const auto overrides = [&](const std::string& flag, const std::string& value, const std::string& key,
                              const std::string& file_value) {
-    if (ds.sets(key))
+    if (ds.sets(key) && value != file_value)
       std::printf("deepspeed config: %s%s%s (command line) overrides %s = %s\n", flag.c_str(), value.empty() ? "" : " ",
                   value.c_str(), key.c_str(), file_value.c_str());
   };

@@ -4,7 +4,7 @@
 #  2. 3 steps, saving at step 3; resume to step 6    -> final_loss must equal A exactly, and the
 #     resumed run says so; --lr on resume replaces the saved learning rate and says so
 #  3. resume on 4 ranks x 1 sequence (the same global batch as 2 x 2): the same batches, so each
-#     step's loss equals the uninterrupted run's to rounding (not bit for bit: the sums group
+#     step's loss equals the uninterrupted run's to rounding (not necessarily bit for bit: the sums group
 #     differently), and the run says which; on 3 ranks the global batch changes, and it says that
 #  4. --export, zshard_export of the checkpoint: identical files; zshard_export into a directory
 #     fails and leaves nothing behind

@@ -26,7 +26,7 @@ refused() { # refused LOG TEXT ARGS...: exit 2 with TEXT on stderr
 
 # 1. the config's values, then the command line's over them
 cat >"$work/ds.json" <<'JSON'
-{"zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+{"zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}, "bf16": {"enabled": false},
  "gradient_clipping": 1.0, "train_micro_batch_size_per_gpu": 2, "train_batch_size": 8}
 JSON
 run "$work/ds.log" --steps 2 --deepspeed-config "$work/ds.json" --lr 1e-9 --bf16 --clip 0
@@ -50,7 +50,7 @@ grep -qF "hybrid sharding: 2 replicas x shard groups of 2 ranks" "$work/mics.log
 # 3. a checkpoint of 1 block loaded into 8: 84 differences, several KB of message
 run "$work/save.log" --steps 1 --save-dir "$work/ck"
 refused "$work/long.log" "missing from the checkpoint: 'block7.mlp.proj.bias' [16]" --steps 3 --resume "$work/ck" --layers 8
-[ "$(head -c 52 "$work/long.log")" = "02_train_gpt: zshard: configuration error: checkpoint" ] || fail "kind lost" "$work/long.log"
+[ "$(head -c 53 "$work/long.log")" = "02_train_gpt: zshard: configuration error: checkpoint" ] || fail "kind lost" "$work/long.log"
 grep -qF "(how to fix: load a checkpoint of this model, or build the model the checkpoint holds)" "$work/long.log" ||
   fail "hint lost" "$work/long.log"
 if LC_ALL=C grep -q $'\x1f' "$work/long.log"; then fail "a separator byte in the message" "$work/long.log"; fi
