@@ -4,11 +4,14 @@
 #     train_batch_size contradicting ranks x batch x micro is an error; a config without
 #     zero_optimization says zshard runs stage 3
 #  2. mics_shard_size (hybrid sharding) runs on thread ranks
-#  3. a load error longer than 1 KB arrives whole: its kind, every line, its hint
+#  3. a load error longer than 1 KB arrives whole: its kind, every line, its hint (on thread
+#     ranks; and on every MPI process when an MPI launcher is given)
 #  4. --steps abc names the flag and the value
-# Usage: main_job_options.sh TRAIN_GPT WORKDIR
+# Usage: main_job_options.sh TRAIN_GPT WORKDIR [MPIEXEC [FLAGS...]]
 set -euo pipefail
 train=$1 work=$2
+shift 2
+mpi=("$@")
 rm -rf "$work" && mkdir -p "$work"
 tiny=(--ranks 4 --layers 1 --d-model 16 --heads 2 --d-ff 32 --seq 8 --batch 2 --eval-every 0 --log-every 100)
 fail() { echo "FAIL: $1"; [ -n "${2:-}" ] && cat "$2"; exit 1; }
@@ -55,6 +58,16 @@ grep -qF "(how to fix: load a checkpoint of this model, or build the model the c
   fail "hint lost" "$work/long.log"
 if LC_ALL=C grep -q $'\x1f' "$work/long.log"; then fail "a separator byte in the message" "$work/long.log"; fi
 [ "$(wc -c <"$work/long.log")" -gt 2048 ] || fail "shorter than expected" "$work/long.log"
+if ((${#mpi[@]})); then  # every process prints the lowest failing rank's error, whole
+  "${mpi[@]}" -n 2 "$train" --mpi "${tiny[@]:2}" --steps 3 --resume "$work/ck" --layers 8 >"$work/mpi.out" 2>"$work/mpi.log" &&
+    fail "accepted under MPI" "$work/mpi.log"
+  for r in 0 1; do
+    grep -qF "zshard: rank $r of 2 failed: zshard: configuration error: checkpoint load from '$work/ck' (rank 0):" \
+      "$work/mpi.log" || fail "rank $r: kind or origin lost" "$work/mpi.log"
+  done
+  [ "$(grep -cF "missing from the checkpoint: 'block7.mlp.proj.bias' [16] (how to fix: load a checkpoint" "$work/mpi.log")" = 2 ] ||
+    fail "not whole on both MPI processes" "$work/mpi.log"
+fi
 
 # 4. numbers
 refused "$work/abc.log" "02_train_gpt: --steps takes a whole number, not 'abc'" --steps abc
