@@ -46,8 +46,17 @@ inline model_spec stack_spec(int blocks, int experts) {
     const param_id w = spec.add_param(name + ".w", {7, 9}), b = spec.add_param(name + ".b", {9}, {.decay = false});
     spec.add_module(name, {w, b});
   };
+  // g++ 12 at -O3 (the plain Release build) warns -Wrestrict on `"b" + std::to_string(i)` here, a
+  // false positive in libstdc++'s operator+(const char*, string&&) (GCC bug 105329).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wrestrict"
+#endif
   for (int i = 0; i < blocks; ++i) add("b" + std::to_string(i));
   for (int i = 0; i < experts; ++i) add("e" + std::to_string(i));
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
   return spec;
 }
 

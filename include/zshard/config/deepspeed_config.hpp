@@ -165,22 +165,22 @@ class deepspeed_reader {
         zero(v);
       else if (key == "gradient_clipping") {
         if (auto x = in_.number(v, key, 0.0, INFINITY, "a norm >= 0 (0 turns clipping off)"))
-          out_.engine.clip_norm = *x, applied(key);
+          take(key, out_.engine.clip_norm, *x);
         else
           auto_note(key, "keeps clip_norm = " + fmt(out_.engine.clip_norm));
       } else if (key == "gradient_accumulation_steps") {
         if (auto x = in_.count(v, key, 1, 1 << 20))
-          out_.gradient_accumulation_steps = int(*x), applied(key);
+          take(key, out_.gradient_accumulation_steps, int(*x));
         else
           auto_note(key, "keeps 1 micro-batch per step; the training loop decides");
       } else if (key == "train_micro_batch_size_per_gpu") {
         if (auto x = in_.count(v, key, 1, 1 << 20))
-          out_.micro_batch_size = int(*x), applied(key);
+          take(key, out_.micro_batch_size, int(*x));
         else
           auto_note(key, "the training loop's batch size applies");
       } else if (key == "train_batch_size") {
         if (auto x = in_.count(v, key, 1, 1 << 30))
-          out_.train_batch_size = int(*x), applied(key);
+          take(key, out_.train_batch_size, int(*x));
         else
           auto_note(key, "the global batch is ranks x micro-batch size x gradient_accumulation_steps");
       } else if (key == "bf16" || key == "fp16")
@@ -233,12 +233,12 @@ class deepspeed_reader {
       } else if (k == "mics_shard_size") {  // MiCS: shard within groups, replicate across them
         if (v.is_number_integer() && v.get<std::int64_t>() < 0) continue;  // DeepSpeed's -1: MiCS off
         if (const auto n = in_.count(v, key, 1, 1u << 20))
-          c.hybrid.shard_group_size = int(*n), applied(key);
+          take(key, c.hybrid.shard_group_size, int(*n));
         else
           auto_note(key, "keeps plain ZeRO-3 over the whole world");
       } else if (k == "overlap_comm") {
         if (auto b = in_.boolean(v, key))
-          c.overlap = *b, applied(key);
+          take(key, c.overlap, *b);
         else
           auto_note(key, "keeps overlap = on");
       } else if (k == "offload_optimizer") {
@@ -258,9 +258,9 @@ class deepspeed_reader {
       if (k == "device") {
         const std::string d = in_.string(v, key);
         if (d == "cpu")
-          out_.offload_optimizer = true, applied(key);
+          take(key, out_.offload_optimizer, true);
         else if (d == "none")
-          out_.offload_optimizer = false, applied(key);
+          take(key, out_.offload_optimizer, false);
         else if (d == "nvme")
           in_.fail(key, "is \"nvme\": zshard offloads optimizer state to host memory, not to NVMe",
                    "use \"cpu\" (zshard::offload::host_adam) and size host memory with zshard_plan");
@@ -358,7 +358,7 @@ class deepspeed_reader {
       const std::string key = "optimizer.params." + k;
       if (k == "lr") {
         if (auto x = in_.number(v, key, 1e-30, 1e30, "a positive learning rate"))
-          a.lr = float(*x), applied(key);
+          take(key, a.lr, float(*x));
         else
           auto_note(key, "the training loop sets it (engine::set_lr); until then lr = " + fmt(a.lr));
       } else if (k == "betas") {
@@ -372,12 +372,12 @@ class deepspeed_reader {
         applied(key);
       } else if (k == "eps") {
         if (auto x = in_.number(v, key, 1e-30, 1.0, "a small positive value"))
-          a.eps = float(*x), applied(key);
+          take(key, a.eps, float(*x));
         else
           auto_note(key, "keeps " + fmt(a.eps));
       } else if (k == "weight_decay") {
         if (auto x = in_.number(v, key, 0.0, 1e6, "a decay >= 0"))
-          a.weight_decay = float(*x), applied(key);
+          take(key, a.weight_decay, float(*x));
         else
           auto_note(key, "keeps " + fmt(a.weight_decay));
       } else {
@@ -419,6 +419,12 @@ class deepspeed_reader {
   }
   void note(std::string line) { out_.notes.push_back(std::move(line)); }
   void applied(const std::string& key) { out_.applied.insert(key); }
+  // A value the file gives `key`: stored, and the key marked as set.
+  template <class T, class V>
+  void take(const std::string& key, T& into, V value) {
+    into = static_cast<T>(value);
+    applied(key);
+  }
   static std::string fmt(double x) {
     std::ostringstream os;
     os << x;
