@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -202,6 +203,10 @@ inline train_options parse_options(int argc, char** argv) {
   if (!o.resume.empty() && !o.init_from.empty())
     throw std::invalid_argument("--resume and --init-from exclude each other (a checkpoint holds the weights)");
   if (o.save_every > 0 && o.save_dir.empty()) throw std::invalid_argument("--save-every needs --save-dir");
+  std::error_code ec;
+  if (!o.export_path.empty() && std::filesystem::is_directory(o.export_path, ec))  // said before training, not after
+    throw std::invalid_argument("--export " + o.export_path + ": a directory; name the file to write (e.g. " +
+                                (std::filesystem::path(o.export_path) / "model.safetensors").string() + ")");
   if (!o.trace_file.empty() && o.trace_step > o.steps)
     throw std::invalid_argument("--trace-step " + std::to_string(o.trace_step) + " is after the last step (--steps " +
                                 std::to_string(o.steps) + ")");

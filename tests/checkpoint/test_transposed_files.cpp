@@ -5,6 +5,7 @@
 // cover a rank's range exactly once.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -218,4 +219,26 @@ TEST_CASE("a checkpoint saved before file_transposed was set loads into the mode
   bool ok = true;
   for (std::int64_t i = 0; i < 360; ++i) ok = ok && got[std::size_t(i)] == value_of(0, i, 3.0f);
   CHECK(ok);
+}
+
+TEST_CASE("an export that fails leaves no temporary file behind, from an engine or a checkpoint") {
+  temp_dir dir;
+  std::filesystem::create_directories(dir / "out");  // the output names a directory: refused
+  on_layout_ranks(3, 0.0f, zshard::dtype::f32, [&](auto& eng, const layout_model&) {
+    CHECK_THROWS_WITH_AS(ck::export_engine(eng, dir / "out"), doctest::Contains("is a directory"), zshard::error);
+    // a full disk on rank 1 in the middle of the write phase: every rank fails, rank 0 cleans up
+    const int rank = eng.comm().rank();
+    ck::export_options o;
+    o.hook = [rank](const std::string& path, std::uint64_t, std::size_t) {
+      if (rank == 1 && path.ends_with("data.safetensors"))
+        throw zshard::error(zshard::error_kind::io, "write failed on '" + path + "': No space left on device (injected)");
+    };
+    CHECK_THROWS_WITH_AS(ck::export_engine(eng, dir / "model.safetensors", o), doctest::Contains("No space left"),
+                         zshard::error);
+    ck::save(eng, dir / "ckpt");
+  });
+  CHECK_FALSE(std::filesystem::exists(dir / "model.safetensors"));
+  CHECK_THROWS_WITH_AS(ck::export_checkpoint(dir / "ckpt", dir / "out"), doctest::Contains("is a directory"), zshard::error);
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    CHECK_MESSAGE(entry.path().filename().string().find(".tmp") == std::string::npos, entry.path());
 }

@@ -6,7 +6,7 @@
 #  2. mics_shard_size (hybrid sharding) runs on thread ranks
 #  3. a load error longer than 1 KB arrives whole: its kind, every line, its hint (on thread
 #     ranks; and on every MPI process when an MPI launcher is given)
-#  4. --steps abc names the flag and the value
+#  4. --steps abc names the flag and the value; --export into a directory fails leaving nothing behind
 # Usage: main_job_options.sh TRAIN_GPT WORKDIR [MPIEXEC [FLAGS...]]
 set -euo pipefail
 train=$1 work=$2
@@ -69,6 +69,8 @@ if ((${#mpi[@]})); then  # every process prints the lowest failing rank's error,
     fail "not whole on both MPI processes" "$work/mpi.log"
 fi
 
-# 4. numbers
+# 4. numbers; an export into a directory (refused, nothing left behind)
 refused "$work/abc.log" "02_train_gpt: --steps takes a whole number, not 'abc'" --steps abc
+mkdir -p "$work/out"
+refused "$work/export_dir.log" "--export $work/out: a directory; name the file to write" --steps 1 --export "$work/out"
 echo "main job options: ok"
