@@ -164,43 +164,6 @@ TEST_CASE("hybrid: bad layouts fail at construction on every rank, naming the pr
   }
 }
 
-TEST_CASE("hybrid on the null communicator: the layout splits without peers, gathers stay in the group") {
-  toy::ids id;
-  const auto spec = toy::make_spec({.vocab = 64, .dim = 32, .layers = 2, .repeat_layer1 = false}, id);
-  auto bytes = [&](int group) {
-    zshard::phantom_backend backend;
-    zshard::null_comm world(0, 8);
-    zshard::engine_config cfg;
-    cfg.hybrid.shard_group_size = group;
-    zshard::engine<zshard::phantom_backend, zshard::null_comm> eng(backend, world, spec, cfg);
-    for (auto m : {id.embed, id.layer[0], id.layer[1], id.head}) (void)eng.forward(m);
-    eng.begin_backward();
-    for (auto m : {id.head, id.layer[1], id.layer[0], id.embed}) (void)eng.backward(m);
-    eng.end_backward();
-    eng.step();
-    struct out {
-      std::uint64_t group_bytes, replica_bytes, world_bytes;
-      int group_size;
-    };
-    const bool hybrid = eng.replica_comm() != nullptr;
-    return out{hybrid ? eng.comm().total_bytes_sent() : 0, hybrid ? eng.replica_comm()->total_bytes_sent() : 0,
-               eng.world_comm().total_bytes_sent(), eng.comm().size()};
-  };
-  const auto h = bytes(4), f = bytes(0);
-  CHECK(h.group_size == 4);
-  CHECK(f.group_size == 8);
-  CHECK(h.group_bytes > 0);
-  CHECK(h.replica_bytes > 0);
-  CHECK(h.replica_bytes < h.group_bytes);   // only gradients cross groups
-  CHECK(h.world_bytes < f.world_bytes / 10);  // the world carries only the step's small exchange
-}
-
-TEST_CASE("hybrid with a second communicator for reductions: the same bits") {
-  const auto o = options(8, 1);
-  const auto one = train_hybrid(o, 4), two = train_hybrid(o, 4, true);  // 2 x 4
-  CHECK(one.every_rank == two.every_rank);
-}
-
 namespace {
 // A communicator type without split() (a wrapper that does not forward it): the engine cannot
 // build hybrid groups on it.
@@ -250,4 +213,41 @@ TEST_CASE("hybrid on a communicator type without split(): a configuration error 
                  "type, and this type has none") != std::string::npos);
     CHECK(m.find("a wrapper: wrap the inner communicator's split") != std::string::npos);
   }
+}
+
+TEST_CASE("hybrid on the null communicator: the layout splits without peers, gathers stay in the group") {
+  toy::ids id;
+  const auto spec = toy::make_spec({.vocab = 64, .dim = 32, .layers = 2, .repeat_layer1 = false}, id);
+  auto bytes = [&](int group) {
+    zshard::phantom_backend backend;
+    zshard::null_comm world(0, 8);
+    zshard::engine_config cfg;
+    cfg.hybrid.shard_group_size = group;
+    zshard::engine<zshard::phantom_backend, zshard::null_comm> eng(backend, world, spec, cfg);
+    for (auto m : {id.embed, id.layer[0], id.layer[1], id.head}) (void)eng.forward(m);
+    eng.begin_backward();
+    for (auto m : {id.head, id.layer[1], id.layer[0], id.embed}) (void)eng.backward(m);
+    eng.end_backward();
+    eng.step();
+    struct out {
+      std::uint64_t group_bytes, replica_bytes, world_bytes;
+      int group_size;
+    };
+    const bool hybrid = eng.replica_comm() != nullptr;
+    return out{hybrid ? eng.comm().total_bytes_sent() : 0, hybrid ? eng.replica_comm()->total_bytes_sent() : 0,
+               eng.world_comm().total_bytes_sent(), eng.comm().size()};
+  };
+  const auto h = bytes(4), f = bytes(0);
+  CHECK(h.group_size == 4);
+  CHECK(f.group_size == 8);
+  CHECK(h.group_bytes > 0);
+  CHECK(h.replica_bytes > 0);
+  CHECK(h.replica_bytes < h.group_bytes);   // only gradients cross groups
+  CHECK(h.world_bytes < f.world_bytes / 10);  // the world carries only the step's small exchange
+}
+
+TEST_CASE("hybrid with a second communicator for reductions: the same bits") {
+  const auto o = options(8, 1);
+  const auto one = train_hybrid(o, 4), two = train_hybrid(o, 4, true);  // 2 x 4
+  CHECK(one.every_rank == two.every_rank);
 }
