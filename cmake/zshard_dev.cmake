@@ -2,7 +2,9 @@
 
 # Warnings on our code only; third-party headers come in as SYSTEM. They become errors only
 # when asked (the presets and CI do): a plain `cmake -B build` with another compiler version or
-# build type must build, whatever new (or false: g++ 12 -O3 -Wrestrict) warnings it prints.
+# build type must build, whatever new warnings it prints. (g++ 12 at -O3 reports -Wrestrict false
+# positives in libstdc++'s operator+(const char*, string&&), GCC bug 105329; they are silenced
+# at each site of ours that raises them, tests/support/no_restrict_warning.hpp, not here for all.)
 option(ZSHARD_WARNINGS_AS_ERRORS "Turn warnings into errors on zshard's own targets (the presets and CI do)" OFF)
 add_library(zshard_dev_flags INTERFACE)
 # -Wmissing-field-initializers is off because g++ 12 fires it on designated initializers that

@@ -54,6 +54,9 @@ struct param_desc {
   bool decay = true;           // false for biases and layer-norm gains/biases (AdamW skips them)
   init_rule init = init_rule::normal;
   double init_std = 0.0;
+  // A linear layer's weight, kept as (in, out) for y = x W: files (export, --init-from) hold
+  // torch's (out, in) (zshard's param_options::file_transposed).
+  bool linear = false;
 
   int64_t numel() const noexcept {
     int64_t n = 1;
@@ -111,13 +114,16 @@ inline std::vector<module_desc> describe(const gpt_config& c) {
   const int64_t d = c.d_model, f = c.d_ff, v = c.vocab, t = c.seq_len;
 
   auto weight = [](std::string n, std::vector<int64_t> s, double std_dev) {
-    return param_desc{std::move(n), std::move(s), true, init_rule::normal, std_dev};
+    return param_desc{std::move(n), std::move(s), true, init_rule::normal, std_dev, false};
+  };
+  auto linear = [](std::string n, int64_t in, int64_t out, double std_dev) {
+    return param_desc{std::move(n), {in, out}, true, init_rule::normal, std_dev, true};
   };
   auto bias = [](std::string n, int64_t size) {
-    return param_desc{std::move(n), {size}, false, init_rule::zeros, 0.0};
+    return param_desc{std::move(n), {size}, false, init_rule::zeros, 0.0, false};
   };
   auto gain = [](std::string n, int64_t size) {
-    return param_desc{std::move(n), {size}, false, init_rule::ones, 0.0};
+    return param_desc{std::move(n), {size}, false, init_rule::ones, 0.0, false};
   };
 
   std::vector<module_desc> out;
@@ -129,16 +135,16 @@ inline std::vector<module_desc> describe(const gpt_config& c) {
     out.push_back(
         {m,
          {gain(m + ".ln1.gain", d), bias(m + ".ln1.bias", d),
-          weight(m + ".attn.qkv.weight", {d, 3 * d}, weight_std), bias(m + ".attn.qkv.bias", 3 * d),
-          weight(m + ".attn.proj.weight", {d, d}, residual_std), bias(m + ".attn.proj.bias", d),
+          linear(m + ".attn.qkv.weight", d, 3 * d, weight_std), bias(m + ".attn.qkv.bias", 3 * d),
+          linear(m + ".attn.proj.weight", d, d, residual_std), bias(m + ".attn.proj.bias", d),
           gain(m + ".ln2.gain", d), bias(m + ".ln2.bias", d),
-          weight(m + ".mlp.fc.weight", {d, f}, weight_std), bias(m + ".mlp.fc.bias", f),
-          weight(m + ".mlp.proj.weight", {f, d}, residual_std), bias(m + ".mlp.proj.bias", d)}});
+          linear(m + ".mlp.fc.weight", d, f, weight_std), bias(m + ".mlp.fc.bias", f),
+          linear(m + ".mlp.proj.weight", f, d, residual_std), bias(m + ".mlp.proj.bias", d)}});
   }
   // The LM head is untied from the token embedding so every parameter has one owner module.
   out.push_back({"head",
                  {gain("head.ln.gain", d), bias("head.ln.bias", d),
-                  weight("head.weight", {d, v}, weight_std)}});
+                  linear("head.weight", d, v, weight_std)}});
   out.push_back({"loss", {}});
   return out;
 }

@@ -33,9 +33,12 @@ inline zshard_model make_zshard_model(const gpt_config& c, std::uint64_t seed) {
       if (p.shape.size() == 1) s = {p.shape[0]};
       else s = {p.shape[0], p.shape[1]};
       const std::uint64_t name_hash = hash_string(p.name);
-      ids.push_back(m.spec.add_param(p.name, s, {.decay = p.decay, .init = [p, name_hash, seed](std::int64_t i) {
-                                                   return init_value(p, name_hash, i, seed);
-                                                 }}));
+      ids.push_back(m.spec.add_param(p.name, s,
+                                     {.decay = p.decay,
+                                      .init = [p, name_hash, seed](std::int64_t i) {
+                                        return init_value(p, name_hash, i, seed);
+                                      },
+                                      .file_transposed = p.linear}));
     }
     const auto id = m.spec.add_module(mod.name, ids);
     if (mod.name == "embed") m.embed = id;

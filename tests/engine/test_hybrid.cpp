@@ -165,6 +165,57 @@ TEST_CASE("hybrid: bad layouts fail at construction on every rank, naming the pr
   }
 }
 
+namespace {
+// A communicator type without split() (a wrapper that does not forward it): the engine cannot
+// build hybrid groups on it.
+struct no_split_comm {
+  using zshard_tag = zshard::communicator_tag;
+  zshard::thread_comm* inner;
+  int rank() const { return inner->rank(); }
+  int size() const { return inner->size(); }
+  void all_gather(const void* s, void* d, std::size_t n, zshard::dtype t, zshard::comm_stream cs = {}) {
+    inner->all_gather(s, d, n, t, cs);
+  }
+  void reduce_scatter(const void* s, void* d, std::size_t n, zshard::dtype t, zshard::reduce_op op,
+                      zshard::comm_stream cs = {}) {
+    inner->reduce_scatter(s, d, n, t, op, cs);
+  }
+  void all_reduce(const void* s, void* d, std::size_t n, zshard::dtype t, zshard::reduce_op op,
+                  zshard::comm_stream cs = {}) {
+    inner->all_reduce(s, d, n, t, op, cs);
+  }
+  void broadcast(void* d, std::size_t n, zshard::dtype t, int root, zshard::comm_stream cs = {}) {
+    inner->broadcast(d, n, t, root, cs);
+  }
+  void barrier(zshard::comm_stream cs = {}) { inner->barrier(cs); }
+};
+}  // namespace
+
+TEST_CASE("hybrid on a communicator type without split(): a configuration error saying what the type lacks") {
+  std::mutex mu;
+  std::vector<std::string> msgs;
+  zshard::run_ranks(4, [&](zshard::thread_comm& comm) {
+    no_split_comm c{&comm};
+    zshard::host_backend backend;
+    zshard::engine_config cfg;
+    cfg.hybrid.shard_group_size = 2;
+    toy::ids id;
+    try {
+      zshard::engine<zshard::host_backend, no_split_comm> eng(backend, c, toy::make_spec({}, id), cfg);
+    } catch (const zshard::error& e) {
+      CHECK(e.kind() == zshard::error_kind::config);
+      std::lock_guard lock(mu);
+      msgs.push_back(e.what());
+    }
+  });
+  REQUIRE(msgs.size() == 4);
+  for (const auto& m : msgs) {
+    CHECK(m.find("hybrid sharding (hybrid.shard_group_size = 2) needs split(color, key) on the engine's communicator "
+                 "type, and this type has none") != std::string::npos);
+    CHECK(m.find("a wrapper: wrap the inner communicator's split") != std::string::npos);
+  }
+}
+
 TEST_CASE("hybrid on the null communicator: the layout splits without peers, gathers stay in the group") {
   toy::ids id;
   const auto spec = toy::make_spec({.vocab = 64, .dim = 32, .layers = 2, .repeat_layer1 = false}, id);

@@ -50,6 +50,12 @@ struct manifest_param {
   bool trainable = true, decay = true;
   std::uint64_t numel = 0, shard_numel = 0;
   bool replicated = false;
+  bool file_transposed = false;  // exports write it as its transpose ("file_transposed": true; absent: false)
+
+  // Its shape in an export: reversed when the files hold the transpose.
+  std::vector<std::int64_t> file_shape() const {
+    return file_transposed ? std::vector<std::int64_t>(shape.rbegin(), shape.rend()) : shape;
+  }
 
   // The elements rank q's file holds: [first, second).
   std::pair<std::uint64_t, std::uint64_t> stored_range(int q) const noexcept {
@@ -144,7 +150,7 @@ struct manifest {
                 {"overflows_at_min_scale", run.scaler.overflows_at_min_scale},
                 {"good_steps_in_row", run.scaler.good_steps_in_row}};
     auto& ps = j["params"] = nlohmann::ordered_json::array();
-    for (const auto& p : params)
+    for (const auto& p : params) {
       ps.push_back({{"name", p.name},
                     {"shape", p.shape},
                     {"dtype", std::string(to_string(p.type))},
@@ -153,6 +159,8 @@ struct manifest {
                     {"numel", p.numel},
                     {"shard_numel", p.shard_numel},
                     {"replicated", p.replicated}});
+      if (p.file_transposed) ps.back()["file_transposed"] = true;  // only when set: older readers' manifests stay as they were
+    }
     auto file_json = [](const manifest_file& f) {
       return nlohmann::ordered_json{{"name", f.name}, {"bytes", f.bytes}, {"crc32c", f.crc32c}};
     };
@@ -235,6 +243,8 @@ struct manifest {
         mp.numel = p.at("numel").get<std::uint64_t>();
         mp.shard_numel = p.at("shard_numel").get<std::uint64_t>();
         mp.replicated = p.at("replicated").get<bool>();
+        mp.file_transposed = p.contains("file_transposed") && p.at("file_transposed").get<bool>();
+        if (mp.file_transposed && mp.shape.size() != 2) throw bad("parameter '" + mp.name + "' is file_transposed but not 2-D");
         std::uint64_t n = 1;
         for (auto d : mp.shape) n *= static_cast<std::uint64_t>(d < 0 ? 0 : d);
         if (n != mp.numel || (!mp.replicated && mp.shard_numel * std::uint64_t(m.world_size) < mp.numel))
@@ -281,6 +291,9 @@ inline std::vector<std::string> compare_models(const manifest& m, const model_sp
     if (p.trainable != it->trainable)
       out.push_back("'" + p.name + "' is " + (p.trainable ? "trainable" : "frozen") + " in the model, " +
                     (it->trainable ? "trainable" : "frozen") + " in the checkpoint");
+    if (p.decay != it->decay)
+      out.push_back("'" + p.name + "' has weight decay " + (p.decay ? "on" : "off") + " in the model, " +
+                    (it->decay ? "on" : "off") + " in the checkpoint (manifest \"decay\")");
     (void)param_dtype;  // a different working dtype is converted on load
   }
   for (std::size_t i = 0; i < m.params.size(); ++i)

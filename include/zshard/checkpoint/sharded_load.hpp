@@ -126,6 +126,14 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         for (state_field fld : saved_fields(mp->trainable)) {
           const tensor_entry* t = f.find(field_tensor(name, fld));
           const file_dtype want = fld == state_field::working ? file_dtype_of(mp->type) : file_dtype::f32;
+          if (t && t->type == want && t->numel() != se - sb)  // the file is as saved (its size matched): the layout is not
+            throw error(error_kind::io,
+                        "'" + mpath + "' gives parameter '" + name + "' a layout (shard_numel " +
+                            std::to_string(mp->shard_numel) + " over " + std::to_string(m.world_size) +
+                            " ranks) under which '" + f.path() + "' would hold " + std::to_string(se - sb) +
+                            " elements of it, but that file (of the size the manifest lists) holds " +
+                            std::to_string(t->numel()) + ": the manifest was changed after the save",
+                        "restore manifest.json from a copy, or load an earlier checkpoint");
           if (!t || t->type != want || t->numel() != se - sb)
             throw error(error_kind::io,
                         "'" + f.path() + "' lacks tensor '" + field_tensor(name, fld) + "' of " +

@@ -33,7 +33,7 @@ namespace zshard::checkpoint {
 
 struct save_options {
   std::size_t keep_last = 0;  // complete checkpoints to keep in DIR (0: all)
-  std::string user_state;     // the training stack's own bytes (data position, ...); rank 0's is saved
+  std::string user_state{};   // the training stack's own bytes (data position, ...); rank 0's is saved
   std::size_t chunk_bytes = std::size_t{64} << 20;                  // host memory each rank moves data through
   std::chrono::milliseconds io_timeout = std::chrono::minutes(30);  // how long ranks wait for the slowest writer
   io_hook hook{};  // tests: sees every file-system call of the save (io_hook.hpp): a full disk, a slow one, a crash
@@ -66,6 +66,7 @@ manifest describe_engine(Engine& eng) {
     mp.numel = l.numel;
     mp.shard_numel = l.shard_numel;
     mp.replicated = l.replicated;
+    mp.file_transposed = ps.file_transposed;
     m.params.push_back(std::move(mp));
   }
   return m;

@@ -182,7 +182,9 @@ class engine {
   void begin_backward() {
     rethrow_if_unusable();
     ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage,
-                   "begin_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open");
+                   "begin_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open",
+                   "a scope lives as long as its object: end each forward scope before begin_backward(), e.g. "
+                   "`{ auto g = eng.forward(m); ... }` (a scope kept in a variable of the loop body stays open)");
     tracker_.on_begin_backward();
     fp_.on_event(schedule_event::begin_backward);
   }
@@ -192,7 +194,9 @@ class engine {
   void end_backward() {
     rethrow_if_unusable();
     ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage,
-                   "end_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open");
+                   "end_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open",
+                   "a scope lives as long as its object: end each backward scope before end_backward(), e.g. "
+                   "`{ auto g = eng.backward(m); ... }`");
     completed_.clear();
     const std::size_t swept_before = swept_.size();
     tracker_.on_end_backward(completed_, swept_);
