@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -160,6 +161,13 @@ options parse(const std::vector<std::string>& args) {
       continue;
     }
     if (a.rfind("--", 0) != 0) throw usage_error("unexpected argument '" + a + "'");
+    // every other option takes a value: an unknown one is named as such, not as missing its value
+    static const std::set<std::string> with_value = {
+        "--deepspeed-config", "--schedule", "--hooks", "--gpu", "--context-mib", "--nccl-mib", "--workspace-mib",
+        "--fragmentation", "--model", "--world", "--shard-group", "--ranks-per-node", "--device-gib", "--micro-batch",
+        "--seq", "--micro-batches", "--checkpoint", "--optimizer", "--dtype", "--max-live", "--prefetch", "--bucket",
+        "--prefetcher", "--allow-oversized"};
+    if (!with_value.count(a)) throw usage_error("unknown option '" + a + "'");
     if (i + 1 >= args.size()) throw usage_error(a + " needs a value");
     const std::string& v = args[++i];
     if (a == "--deepspeed-config") {

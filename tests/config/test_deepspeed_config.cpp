@@ -66,7 +66,15 @@ TEST_CASE("a 70B SFT ZeRO-3 + optimizer-offload config maps to the expected zsha
   CHECK(mentions(ds.notes, "zero_optimization.stage3_prefetch_bucket_size is \"auto\""));
   CHECK(mentions(ds.notes, "zero_optimization.stage3_param_persistence_threshold is \"auto\""));
   CHECK(mentions(ds.notes, "scheduler: no counterpart"));
-  CHECK(mentions(ds.notes, "train_batch_size: no counterpart"));
+  CHECK(mentions(ds.notes, "train_batch_size is \"auto\""));
+  CHECK_FALSE(ds.train_batch_size);
+  // which values the file set (a loop's own options say which they replace)
+  CHECK(ds.sets("optimizer.params.lr"));
+  CHECK(ds.sets("gradient_clipping"));
+  CHECK(ds.sets("bf16.enabled"));
+  CHECK(ds.sets("zero_optimization.reduce_bucket_size"));  // "auto" resolved by the Trainer's rule
+  CHECK_FALSE(ds.sets("train_batch_size"));                // "auto"
+  CHECK_FALSE(ds.sets("fp16.enabled"));                    // absent
   CHECK(mentions(ds.notes, "zero_optimization.sub_group_size: no counterpart"));
   CHECK_NOTHROW(c.validate());
 }
@@ -221,4 +229,30 @@ TEST_CASE("offload settings zshard cannot honour are refused by name") {
     const std::string what = config_error(c.text);
     CHECK_MESSAGE(what.find(c.names) != std::string::npos, what);
   }
+}
+
+TEST_CASE("train_batch_size is checked against ranks x micro-batch x accumulation, naming every number") {
+  const auto ds = parse_deepspeed_config(
+      R"({"zero_optimization": {"stage": 3}, "train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
+          "gradient_accumulation_steps": 2})",
+      {}, "ds.json");
+  REQUIRE(ds.train_batch_size == 32);
+  CHECK(ds.sets("train_batch_size"));
+  CHECK_NOTHROW(ds.check_batch_size(4, 4, 2));
+  CHECK(test_support::kind_of([&] { ds.check_batch_size(2, 4, 2); }) == error_kind::config);
+  const std::string e = test_support::message_of([&] { ds.check_batch_size(2, 4, 2); });
+  CHECK(e.find("ds.json: train_batch_size = 32 contradicts the run: 2 rank(s) x 4 sequence(s) per micro-batch x 2 "
+               "micro-batch(es) per step = 16") != std::string::npos);
+  CHECK(e.find("how to fix") != std::string::npos);
+  // no train_batch_size: nothing to contradict
+  CHECK_NOTHROW(parse_deepspeed_config(R"({"zero_optimization": {"stage": 3}})").check_batch_size(3, 5, 7));
+}
+
+TEST_CASE("a config without zero_optimization, or without its stage, says that zshard runs stage 3") {
+  const std::string said = "zshard runs ZeRO stage 3";
+  CHECK(mentions(parse_deepspeed_config(R"({"gradient_clipping": 1.0})").notes, "no zero_optimization section"));
+  CHECK(mentions(parse_deepspeed_config(R"({"gradient_clipping": 1.0})").notes, said));
+  CHECK(mentions(parse_deepspeed_config(R"({"zero_optimization": {"overlap_comm": true}})").notes,
+                 "zero_optimization has no stage"));
+  CHECK_FALSE(mentions(parse_deepspeed_config(R"({"zero_optimization": {"stage": 3}})").notes, said));
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "zshard/core/checked_size.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/state/state_access.hpp"
@@ -77,9 +78,10 @@ class shard_state {
     e.check_between_steps("parameter state access");
     e.spec_.check(p, "parameter state access");  // in range and of this engine's model
     auto& s = e.store_[p];
-    ZSHARD_REQUIRE(offset + n <= s.layout.shard_numel, error_kind::usage,
-                   "state access of elements [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
-                       ") of parameter '" + s.spec->name + "' whose shard has " + std::to_string(s.layout.shard_numel));
+    ZSHARD_REQUIRE(range_within(offset, n, s.layout.shard_numel), error_kind::usage,
+                   "state access of " + describe_range(offset, n) + " of parameter '" + s.spec->name +
+                       "' whose shard has " + std::to_string(s.layout.shard_numel),
+                   "offsets and counts are elements of this rank's shard: [0, layout(p).shard_numel)");
     ZSHARD_REQUIRE(f == state_field::working || s.spec->trainable, error_kind::usage,
                    "parameter '" + s.spec->name + "' is frozen: it has no " + std::string(to_string(f)) + " state");
     if constexpr (!state_accessible<offloader_type>)

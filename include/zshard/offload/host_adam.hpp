@@ -56,6 +56,7 @@
 
 #include "zshard/comm/communicator.hpp"
 #include "zshard/core/buffer.hpp"
+#include "zshard/core/checked_size.hpp"
 #include "zshard/core/worker_pool.hpp"
 #include "zshard/offload/host_layout.hpp"
 #include "zshard/offload/host_memory.hpp"
@@ -357,9 +358,9 @@ class host_adam_impl : private host_layout<Backend> {
     ZSHARD_REQUIRE(p < params_.size() && params_[p].has_state, error_kind::usage,
                    "parameter #" + std::to_string(p) + " has no optimizer state (frozen or out of range)");
     const param_state& ps = params_[p];
-    ZSHARD_REQUIRE(f != state_field::working && offset + n <= ps.numel, error_kind::usage,
-                   "state access of " + std::string(to_string(f)) + " elements [" + std::to_string(offset) + ", " +
-                       std::to_string(offset + n) + ") of a shard of " + std::to_string(ps.numel));
+    ZSHARD_REQUIRE(f != state_field::working && range_within(offset, n, ps.numel), error_kind::usage,
+                   "state access of " + std::string(to_string(f)) + ": " + describe_range(offset, n) +
+                       " of a shard of " + std::to_string(ps.numel));
     const auto& b = f == state_field::master ? master_ : f == state_field::m ? m_ : v_;
     return b.data() ? f32(b) + ps.offset + offset : nullptr;
   }

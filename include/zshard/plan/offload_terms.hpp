@@ -21,9 +21,11 @@ namespace zshard::plan::detail {
 
 class offload_terms {
  public:
+  // has_state: per parameter, whether it has optimizer state (trainable, or frozen and planned as
+  // unfrozen later: plan/trainable_stages.hpp).
   offload_terms(const model_spec& spec, const engine_config& cfg, const std::vector<shard_layout>& layouts,
-                const plan_options& opt)
-      : spec_(spec), cfg_(cfg), layouts_(layouts), opt_(opt) {
+                const plan_options& opt, const std::vector<bool>& has_state)
+      : spec_(spec), cfg_(cfg), layouts_(layouts), opt_(opt), has_state_(has_state) {
     const bool host_optimizer = opt.optimizer == optimizer_location::host;
     ZSHARD_REQUIRE(host_optimizer || cfg.offload.params == offload_tier::device, error_kind::config,
                    "offload_config.params = " + std::string(to_string(cfg.offload.params)) +
@@ -49,11 +51,11 @@ class offload_terms {
     return opt_.optimizer == optimizer_location::host && cfg_.offload.optimizer_state == offload_tier::nvme;
   }
 
-  // host_adam's flat arrays: Σ over trainable parameters of the shard rounded to the tile granule.
+  // host_adam's flat arrays: Σ over parameters with state of the shard rounded to the tile granule.
   std::size_t flat_numel() const {
     std::size_t n = 0;
     for (param_id p = 0; p < spec_.params().size(); ++p)
-      if (spec_.param(p).trainable) n += optim::round_up_to_granule(layouts_[p].shard_numel);
+      if (has_state_[p]) n += optim::round_up_to_granule(layouts_[p].shard_numel);
     return n;
   }
   std::size_t chunks() const {
@@ -111,6 +113,7 @@ class offload_terms {
   const engine_config& cfg_;
   const std::vector<shard_layout>& layouts_;
   const plan_options& opt_;
+  const std::vector<bool>& has_state_;
 };
 
 }  // namespace zshard::plan::detail

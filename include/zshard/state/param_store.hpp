@@ -147,13 +147,17 @@ class param_store {
     if (tier_) tier_->quiesce();
   }
 
-  // sharded -> gathering: allocates the gathered buffer in the gather stream's order and records
-  // p as resident; returns the buffer, which the caller fills on that stream.
+  // sharded -> gathering: allocates the gathered buffer and records p as resident; returns the
+  // buffer, which the caller fills on the gather stream after making it wait for compute. The
+  // buffer is allocated in the compute stream's order, where it is also freed (release), so a
+  // stream-ordered pool reuses it at once for the next gather: allocated on the gather stream, a
+  // block freed on compute could be reused there only once the pool saw the free complete, and
+  // with the host running ahead the pool grew instead (20-27% above the ledger, issue 24).
   void* begin_gather(param_id p, residency_key) {
     auto& s = slots_[p];
     expect(s, param_state::sharded, "begin_gather");
     s.gathered_ = buffer<Backend>(backend_, s.type, s.layout.padded_numel, mem_category::gathered_params,
-                                  streams_.on(stream_role::gather));
+                                  streams_.on(stream_role::compute));
     s.state_ = param_state::gathering;
     s.set_index_ = gathered_set_.size();
     gathered_set_.push_back(p);
@@ -179,8 +183,8 @@ class param_store {
   }
 
   // gathering -> sharded when p's all-gather failed to be issued: frees the gathered buffer in
-  // the gather stream's order, the stream that allocated it and that any part of the failed
-  // collective was enqueued on, so no other stream needs an event for it.
+  // the gather stream's order, which any part of the failed collective was enqueued on and which
+  // waited for the buffer's allocation on compute (residency::gather_group).
   void abandon_gather(param_id p, residency_key) {
     auto& s = slots_[p];
     expect(s, param_state::gathering, "abandon_gather");
