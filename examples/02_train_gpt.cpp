@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "gpt/corpus.hpp"
+#include "gpt/run_record.hpp"
+#include "gpt/train_options.hpp"
 #include "gpt/zshard_gpt.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/checkpoint/checkpoint.hpp"
@@ -34,134 +36,7 @@
 
 namespace {
 
-struct options {
-  int ranks = 4;
-  bool ranks_given = false;
-  bool mpi = false;          // one MPI process per rank; the world size is mpirun's -n
-  int steps = 200;
-  int micro_batches = 1;     // per rank, per step (gradient accumulation)
-  int batch = 8;             // sequences per micro-batch per rank
-  gpt::gpt_config model{.vocab = 64, .seq_len = 64, .d_model = 128, .n_heads = 4, .n_layers = 4, .d_ff = 512};
-  float lr = 3e-3f;
-  double clip = 1.0;
-  bool checkpoint = true;    // activation checkpointing per block
-  bool bf16 = false;
-  int eval_every = 25;
-  int log_every = 10;
-  std::string text;
-  std::uint64_t seed = 1234;
-  std::size_t persistence_threshold = 1024;  // biases and layer-norm gains stay replicated
-  std::string init_from;    // pretrained weights (.safetensors or .safetensors.index.json)
-  std::string save_dir;     // sharded checkpoints go here
-  int save_every = 0;       // steps between checkpoints (0: only at the end when --save-dir is given)
-  int keep_last = 3;
-  std::string resume;       // a checkpoint directory to continue from
-  std::string export_path;  // one safetensors file of the trained model
-  bool export_bf16 = false;
-  bool profile = false;
-  std::string deepspeed_config;  // a DeepSpeed JSON config to take sizes and hyper-parameters from
-  std::string trace_file;        // Chrome/Perfetto trace of one step
-  int trace_step = 3;
-  bool help = false;
-};
-
-void usage() {
-  std::printf(
-      "usage: 02_train_gpt [options]\n"
-      "  --ranks N          thread ranks (default 4)\n"
-      "  --mpi              one MPI process per rank instead of threads: start with\n"
-      "                     mpirun -n N 02_train_gpt --mpi (or scripts/run_example.sh --mpi N)\n"
-      "  --steps N          optimizer steps (default 200)\n"
-      "  --micro N          micro-batches per step per rank, gradient accumulation (default 1)\n"
-      "  --batch N          sequences per micro-batch per rank (default 8)\n"
-      "  --seq N            sequence length (default 64)\n"
-      "  --layers N         transformer blocks (default 4)\n"
-      "  --d-model N        model width (default 128)\n"
-      "  --heads N          attention heads (default 4)\n"
-      "  --d-ff N           MLP width (default 512)\n"
-      "  --lr X             AdamW learning rate (default 3e-3)\n"
-      "  --clip X           global-norm gradient clipping, 0 = off (default 1.0)\n"
-      "  --no-checkpoint    keep every block's activations (default: checkpoint each block,\n"
-      "                     re-running its forward during backward)\n"
-      "  --bf16             bf16 working parameters (fp32 master weights)\n"
-      "  --eval-every N     no-grad evaluation pass every N steps, 0 = never (default 25)\n"
-      "  --log-every N      print a step line every N steps (default 10)\n"
-      "  --text FILE        train on the bytes of FILE instead of the synthetic language\n"
-      "  --seed N           initialisation and data seed (default 1234)\n"
-      "  --init-from FILE   start from pretrained weights: a .safetensors file (names as --export\n"
-      "                     writes them) or a *.safetensors.index.json\n"
-      "  --save-dir DIR     write sharded checkpoints into DIR (atomic; DIR/latest names the newest)\n"
-      "  --save-every K     a checkpoint every K steps (default: only after the last step)\n"
-      "  --keep-last N      checkpoints kept in DIR (default 3)\n"
-      "  --resume DIR       continue from DIR's latest checkpoint (or a step-* directory) at the\n"
-      "                     step it holds, bit for bit as if never stopped (same --ranks or not)\n"
-      "  --export FILE      write the trained model as one safetensors file\n"
-      "  --export-bf16      export in bf16 (default f32)\n"
-      "  --profile          print the share of a step in compute, engine, communication and optimizer\n"
-      "  --deepspeed-config FILE  take ZeRO-3 sizes, precision, clipping, AdamW and\n"
-      "                     gradient_accumulation_steps from a DeepSpeed JSON config\n"
-      "  --trace FILE       write a Chrome/Perfetto trace (engine events, each rank's ledger)\n"
-      "                     of one step to FILE; tools/plot_memory.py draws it\n"
-      "  --trace-step N     the step to trace (default 3: after the prefetch trace is recorded)\n"
-      "The last line printed is `final_loss: <mean loss of the last step>`.\n");
-}
-
-options parse(int argc, char** argv) {
-  options o;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) throw std::invalid_argument(std::string("missing value after ") + argv[i]);
-    return argv[++i];
-  };
-  auto positive = [](const std::string& flag, const std::string& v) {
-    const int n = std::stoi(v);
-    if (n < 1) throw std::invalid_argument(flag + " must be at least 1, got " + v);
-    return n;
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") o.help = true;
-    else if (a == "--ranks") o.ranks = positive(a, value(i)), o.ranks_given = true;
-    else if (a == "--mpi") o.mpi = true;
-    else if (a == "--steps") o.steps = positive(a, value(i));
-    else if (a == "--micro") o.micro_batches = positive(a, value(i));
-    else if (a == "--batch") o.batch = positive(a, value(i));
-    else if (a == "--seq") o.model.seq_len = positive(a, value(i));
-    else if (a == "--layers") o.model.n_layers = positive(a, value(i));
-    else if (a == "--d-model") o.model.d_model = positive(a, value(i));
-    else if (a == "--heads") o.model.n_heads = positive(a, value(i));
-    else if (a == "--d-ff") o.model.d_ff = positive(a, value(i));
-    else if (a == "--lr") o.lr = std::stof(value(i));
-    else if (a == "--clip") o.clip = std::stod(value(i));
-    else if (a == "--no-checkpoint") o.checkpoint = false;
-    else if (a == "--bf16") o.bf16 = true;
-    else if (a == "--eval-every") o.eval_every = std::stoi(value(i));
-    else if (a == "--log-every") o.log_every = positive(a, value(i));
-    else if (a == "--text") o.text = value(i);
-    else if (a == "--seed") o.seed = std::stoull(value(i));
-    else if (a == "--init-from") o.init_from = value(i);
-    else if (a == "--save-dir") o.save_dir = value(i);
-    else if (a == "--save-every") o.save_every = positive(a, value(i));
-    else if (a == "--keep-last") o.keep_last = positive(a, value(i));
-    else if (a == "--resume") o.resume = value(i);
-    else if (a == "--export") o.export_path = value(i);
-    else if (a == "--export-bf16") o.export_bf16 = true;
-    else if (a == "--profile") o.profile = true;
-    else if (a == "--deepspeed-config") o.deepspeed_config = value(i);
-    else if (a == "--trace") o.trace_file = value(i);
-    else if (a == "--trace-step") o.trace_step = positive(a, value(i));
-    else throw std::invalid_argument("unknown option '" + a + "' (try --help)");
-  }
-  if (o.ranks > 64) throw std::invalid_argument("--ranks: at most 64 thread ranks");
-  if (o.mpi && o.ranks_given)
-    throw std::invalid_argument("--ranks counts thread ranks; under --mpi the world size is mpirun's -n");
-  if (!o.resume.empty() && !o.init_from.empty())
-    throw std::invalid_argument("--resume and --init-from exclude each other (a checkpoint holds the weights)");
-  if (o.save_every > 0 && o.save_dir.empty()) throw std::invalid_argument("--save-every needs --save-dir");
-  if (!o.trace_file.empty() && o.trace_step > o.steps)
-    throw std::invalid_argument("--trace-step " + std::to_string(o.trace_step) + " is after the last step (--steps " +
-                                std::to_string(o.steps) + ")");
-  return o;
-}
+using options = gpt::train_options;
 
 // What rank r's ledger held at its peaks during the last step.
 struct peak_row {
@@ -185,27 +60,6 @@ void print_peak_table(const std::vector<peak_row>& rows) {
     for (std::size_t c = 0; c < zshard::mem_category_count; ++c) std::printf(" %15s", mib(rows[r].by_category[c]).c_str());
     std::printf(" %10s\n", mib(rows[r].total).c_str());
   }
-}
-
-// --deepspeed-config: sizes, precision, clipping, AdamW and micro-batches from the file (with the
-// model's width for the Trainer's "auto" rules); unknown keys are warnings, the rest notes.
-void apply_deepspeed(const gpt::gpt_config& mc, zshard::engine_config& cfg, options& o) {
-  const auto ds = zshard::config::read_deepspeed_config(o.deepspeed_config, {.hidden_size = std::size_t(mc.d_model)});
-  for (const auto& k : ds.unknown_keys)
-    std::fprintf(stderr, "%s\n", ("02_train_gpt: warning: " + o.deepspeed_config + ": unknown key '" + k + "' ignored").c_str());
-  for (const auto& n : ds.notes) std::printf("deepspeed config: %s\n", n.c_str());
-  zshard::engine_config imported = ds.engine;
-  imported.log = cfg.log;
-  cfg = imported;
-  o.bf16 = cfg.param_dtype == zshard::dtype::bf16;
-  if (cfg.param_dtype == zshard::dtype::f16)
-    std::printf("deepspeed config: fp16 working parameters with dynamic loss scaling\n");
-  o.micro_batches = ds.gradient_accumulation_steps;
-  if (ds.micro_batch_size) o.batch = *ds.micro_batch_size;
-  o.lr = cfg.adamw.lr;
-  if (ds.offload_optimizer)
-    std::printf("deepspeed config: offload_optimizer cpu: on the host backend device memory is host memory, so this "
-                "example keeps offload::on_device (zshard_plan --deepspeed-config shows the offloaded plan)\n");
 }
 
 // The plan's device peak per rank for this run (plan/memory_plan.hpp): the schedule the GPT
@@ -250,8 +104,9 @@ struct trace_request {
 template <class Comm>
 void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt::gpt_config& mc,
                 const gpt::zshard_model& model, const zshard::engine_config& cfg, const trace_request& trace,
-                run_result& out) {
+                const zshard::config::deepspeed_settings* ds, run_result& out) {
   const int rank = comm.rank(), world = comm.size();
+  if (ds) ds->check_batch_size(world, o.batch, o.micro_batches);  // every rank alike
   // The engine's collectives go through a timing wrapper (the loop's own loss average and peak
   // exchange below use `comm` directly and are not part of a step).
   double comm_seconds = 0;
@@ -266,13 +121,20 @@ void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt
   static_assert(sizeof(peak_row) % sizeof(float) == 0, "peak rows travel as f32 words");
   constexpr std::size_t row_words = sizeof(peak_row) / sizeof(float);
   std::vector<peak_row> step_peaks(static_cast<std::size_t>(world)), run_peaks(static_cast<std::size_t>(world));
-  // Batches are a function of the step, so a resumed run draws what the uninterrupted one would.
+  // Batches are a function of the step and the global batch size, so a resumed run draws what
+  // the uninterrupted one would, however the global batch is split over ranks.
   int start = 0;
   if (!o.resume.empty()) {
     const auto info = zshard::checkpoint::load(eng, o.resume);
     start = static_cast<int>(info.step);
-    if (rank == 0)
+    const float saved_lr = eng.lr();
+    if (o.was_given("--lr")) eng.set_lr(o.lr);  // every rank alike
+    if (rank == 0) {
       std::printf("resumed from %s at step %d (saved by %d rank(s))\n", info.path.c_str(), start, info.saved_world_size);
+      const auto lines = gpt::describe_resume(gpt::run_record::parse(info.user_state),
+                                              gpt::run_record::of(o, start, world, cfg.param_dtype), saved_lr, o);
+      for (const auto& l : lines) std::printf("%s\n", l.c_str());
+    }
   } else if (!o.init_from.empty()) {
     const auto rep = zshard::checkpoint::load_pretrained(eng, o.init_from);
     if (rank == 0) std::printf("loaded %zu pretrained parameters from %s\n", rep.loaded, o.init_from.c_str());
@@ -283,7 +145,8 @@ void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt
   if (rank == 0) out.first_step = start + 1;
   const auto save = [&](int step) {
     const auto s = zshard::checkpoint::save(
-        eng, o.save_dir, {.keep_last = std::size_t(o.keep_last), .user_state = "step " + std::to_string(step)});
+        eng, o.save_dir,
+        {.keep_last = std::size_t(o.keep_last), .user_state = gpt::run_record::of(o, step, world, cfg.param_dtype).to_text()});
     if (rank == 0) std::printf("  saved %s\n", s.path.c_str());
   };
   auto clock_start = std::chrono::steady_clock::now();
@@ -300,9 +163,9 @@ void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt
     const auto t0 = std::chrono::steady_clock::now();
     const double comm0 = comm_seconds;
     for (int mb = 0; mb < o.micro_batches; ++mb) {
-      // global batch = all ranks' rows; this rank takes its own rows of it
-      const std::uint64_t index = std::uint64_t(step - 1) * std::uint64_t(o.micro_batches) + std::uint64_t(mb);
-      loss += runner.train_micro_batch(data.get_rows(index, rank * o.batch, o.batch, T));
+      // rows [0, global batch) of data batch step - 1, whatever the split (gpt::first_row)
+      const int first = gpt::first_row(mb, rank, world, o.batch);
+      loss += runner.train_micro_batch(data.get_rows(std::uint64_t(step - 1), first, o.batch, T));
     }
     const auto t1 = std::chrono::steady_clock::now();
     const double comm1 = comm_seconds;
@@ -382,7 +245,7 @@ void train_rank(Comm& comm, const options& o, const gpt::corpus& data, const gpt
 }
 
 void print_header(const options& o, int world, const char* kind, const gpt::gpt_config& mc,
-                  const gpt::zshard_model& model) {
+                  const gpt::zshard_model& model, const zshard::engine_config& cfg) {
   const std::size_t total = model.spec.total_numel();
   std::printf("zshard GPT example: %d %s, %zu parameters (%.2f MiB f32) in %zu modules, %s data, vocab %d\n", world,
               kind, total, double(total) * 4 / (1 << 20), model.spec.modules().size(),
@@ -390,6 +253,12 @@ void print_header(const options& o, int world, const char* kind, const gpt::gpt_
   std::printf("  layers %d, d_model %d, heads %d, d_ff %d, seq %d; batch %d x %d micro-batch(es) per rank; %s; %s\n",
               mc.n_layers, mc.d_model, mc.n_heads, mc.d_ff, mc.seq_len, o.batch, o.micro_batches,
               o.bf16 ? "bf16 working params" : "f32 params", o.checkpoint ? "activation checkpointing" : "no checkpointing");
+  std::printf("  global batch %lld sequences per step; lr %g, clip %g", o.global_batch(world), double(cfg.adamw.lr),
+              cfg.clip_norm);
+  const int g = cfg.hybrid.shard_group_size;
+  if (g > 0 && g != world && world % g == 0)
+    std::printf("; hybrid sharding: %d replicas x shard groups of %d ranks", world / g, g);
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -423,19 +292,23 @@ int report(const options& o, const run_result& res) {
   }
   const int ran = o.steps - res.first_step + 1;
   const bool falling = ran < 2 || res.last_loss < res.first_loss;
+  // A fresh run checks that the model learns (exit status 1 if not); one from trained weights
+  // (--resume, --init-from) may well rise over a short stretch, so it only reports.
+  const bool from_weights = !o.resume.empty() || !o.init_from.empty();
   std::printf("\nloss %.4f -> %.4f over %d steps (%s)\n", res.first_loss, res.last_loss, ran,
-              falling ? "falling" : "NOT falling");
+              falling ? "falling" : from_weights ? "not falling: a short run from trained weights may rise"
+                                                 : "NOT falling: exit status 1");
   std::printf("final loss bits: 0x%08x\n", static_cast<unsigned>(res.last_loss_bits));
   std::printf("final_loss: %.9g\n", res.last_loss);
-  return falling ? 0 : 1;
+  return falling || from_weights ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  options o = parse(argc, argv);
+  options o = gpt::parse_options(argc, argv);
   if (o.help) {
-    usage();
+    gpt::print_usage();
     return 0;
   }
   const gpt::corpus data = o.text.empty() ? gpt::corpus::synthetic(o.seed, o.model.vocab)
@@ -451,7 +324,9 @@ int main(int argc, char** argv) try {
   cfg.adamw.weight_decay = 0.01f;
   cfg.clip_norm = o.clip;
   cfg.reduce.reduce_bucket_numel = 1 << 16;
-  if (!o.deepspeed_config.empty()) apply_deepspeed(mc, cfg, o);
+  std::optional<zshard::config::deepspeed_settings> ds;
+  if (!o.deepspeed_config.empty()) ds = gpt::apply_deepspeed(mc, cfg, o);
+  const zshard::config::deepspeed_settings* dsp = ds ? &*ds : nullptr;
 
   zshard::trace_sink trace;
   trace_request traced;
@@ -467,8 +342,8 @@ int main(int argc, char** argv) try {
     zshard::run_mpi(argc, argv, [&](zshard::mpi_comm& comm) {
       rank = comm.rank();
       world = comm.size();
-      if (rank == 0) print_header(o, comm.size(), "MPI processes", mc, model);
-      train_rank(comm, o, data, mc, model, cfg, traced, res);
+      if (rank == 0) print_header(o, comm.size(), "MPI processes", mc, model, cfg);
+      train_rank(comm, o, data, mc, model, cfg, traced, dsp, res);
     });
     if (rank == 0) write_trace(o, model, cfg, world, res, trace);
     return rank == 0 ? report(o, res) : 0;
@@ -476,8 +351,11 @@ int main(int argc, char** argv) try {
     throw std::invalid_argument("--mpi: this build has no MPI (install libopenmpi-dev and openmpi-bin, reconfigure)");
 #endif
   }
-  print_header(o, o.ranks, "thread ranks", mc, model);
-  zshard::run_ranks(o.ranks, [&](zshard::thread_comm& comm) { train_rank(comm, o, data, mc, model, cfg, traced, res); });
+  if (ds) ds->check_batch_size(o.ranks, o.batch, o.micro_batches);
+  print_header(o, o.ranks, "thread ranks", mc, model, cfg);
+  zshard::run_ranks(o.ranks, [&](zshard::thread_comm& comm) {
+    train_rank(comm, o, data, mc, model, cfg, traced, dsp, res);
+  });
   write_trace(o, model, cfg, o.ranks, res, trace);
   return report(o, res);
 } catch (const std::exception& e) {

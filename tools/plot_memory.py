@@ -5,8 +5,9 @@ traced step (stacked), with the plan's peak as a line when the trace carries it.
     python3 tools/plot_memory.py trace.json memory.png [--title TEXT]
 
 The trace is the Chrome/Perfetto JSON that engine_config::trace writes (02_train_gpt --trace
-FILE). Needs matplotlib (pip install matplotlib). Exit status: 0 written, 2 bad input,
-3 matplotlib missing.
+FILE). Needs matplotlib (pip install matplotlib). Exit status: 0 written, 2 bad input (a
+message on stderr, no traceback), 3 matplotlib missing. The trace is read before matplotlib is
+imported, so bad input is reported as such with or without it.
 """
 import argparse
 import json
@@ -17,23 +18,33 @@ CATEGORIES = ["sharded_params", "gathered_params", "grad_buckets", "grad_shards"
 MIB = 1024.0 * 1024.0
 
 
+class BadInput(Exception):
+    """Input the script cannot use: reported on stderr with exit status 2."""
+
+
 def load(path):
     try:
         with open(path, encoding="utf-8") as f:
             trace = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise SystemExit(f"plot_memory: cannot read trace '{path}': {e}")
+    except OSError as e:
+        raise BadInput(f"cannot read trace '{path}': {e.strerror or e}")
+    except ValueError as e:  # not JSON, or not text at all (UnicodeDecodeError is a ValueError)
+        raise BadInput(f"'{path}' is not a JSON trace ({type(e).__name__}: {e})")
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
-        raise SystemExit(f"plot_memory: '{path}' has no traceEvents list: not a Chrome trace")
+        raise BadInput(f"'{path}' has no traceEvents list: not a Chrome trace")
     series = {}  # rank -> [(ts_us, [bytes per category])]
     for e in events:
-        if e.get("ph") == "C" and e.get("cat") == "memory":
-            args = e.get("args", {})
-            series.setdefault(int(e["pid"]), []).append((float(e["ts"]), [int(args.get(c, 0)) for c in CATEGORIES]))
+        if isinstance(e, dict) and e.get("ph") == "C" and e.get("cat") == "memory":
+            try:
+                args = e.get("args", {})
+                series.setdefault(int(e["pid"]), []).append((float(e["ts"]), [int(args.get(c, 0)) for c in CATEGORIES]))
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
+                raise BadInput(f"'{path}' has a malformed memory counter event ({err!r}): {json.dumps(e)[:200]}")
     if not series:
-        raise SystemExit(f"plot_memory: '{path}' has no memory counter events (was the trace recording?)")
-    return series, trace.get("otherData", {})
+        raise BadInput(f"'{path}' has no memory counter events (was the trace recording?)")
+    meta = trace.get("otherData", {})
+    return series, meta if isinstance(meta, dict) else {}
 
 
 def main():
@@ -43,13 +54,17 @@ def main():
     ap.add_argument("--title", default=None)
     a = ap.parse_args()
     try:
+        series, meta = load(a.trace)
+    except BadInput as e:
+        print(f"plot_memory: {e}", file=sys.stderr)
+        return 2
+    try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("plot_memory: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         return 3
-    series, meta = load(a.trace)
     plan_peak = meta.get("plan_peak_bytes")
     ranks = sorted(series)
     fig, axes = plt.subplots(len(ranks), 1, figsize=(9, 1.6 * len(ranks) + 1.0), sharex=True, squeeze=False)
@@ -86,7 +101,8 @@ def main():
     try:
         fig.savefig(a.png, dpi=80)
     except OSError as e:
-        raise SystemExit(f"plot_memory: cannot write '{a.png}': {e}")
+        print(f"plot_memory: cannot write '{a.png}': {e.strerror or e}", file=sys.stderr)
+        return 2
     print(f"plot_memory: {len(ranks)} rank(s), peak {ymax / MIB:.2f} MiB -> {a.png}")
     return 0
 

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,7 +41,7 @@ recorded from your own step function with zshard::plan::record_schedule and writ
 write_schedule_file; the file's settings are the defaults, options below override them).
 
   --schedule FILE       plan the model and schedule in FILE instead of a Llama shape
-  --model NAME          llama3-8b | llama3-70b                     (default llama3-70b)
+  --model NAME          llama3-8b | llama3-70b | llama2-13b        (default llama3-70b)
   --hooks on|off        modules at DeepSpeed's hook granularity (projections and norms),
                         each block a checkpointed segment; off: one module per block (default on)
   --world N             data-parallel ranks                        (default 8)
@@ -53,6 +54,13 @@ write_schedule_file; the file's settings are the defaults, options below overrid
   --micro-batches M     micro-batches per optimizer step           (default 1)
   --checkpoint on|off   activation checkpointing per block         (default on)
   --optimizer device|host  where AdamW state lives                 (default host)
+  --offload-optimizer none|cpu|nvme  as DeepSpeed says it: none = --optimizer device,
+                        cpu = --optimizer host, nvme = host AdamW with master and moments in
+                        files (the NVMe tier: two slots, chunk buffers in host memory)
+  --offload-param none|cpu  parameter shards in host memory, uploaded per gather (default none)
+  --nvme-chunk N        elements per NVMe chunk, a multiple of 1024 (default 1048576)
+  --nvme-buffers N      NVMe chunk buffers in host memory, >= 3       (default 4)
+  --pin-memory on|off   host tier page-locked (pinned) or pageable    (default on)
   --dtype bf16|f16|f32  parameter and activation dtype             (default bf16)
   --max-live N          max_live_numel, gathered elements          (default 1e9)
   --prefetch N          prefetch_numel, elements gathered ahead    (default 5e7)
@@ -66,7 +74,7 @@ write_schedule_file; the file's settings are the defaults, options below overrid
   --workspace-mib N     cuBLAS/cuDNN/attention workspaces          (default 256)
   --fragmentation F     pool reserve beyond the peak, a fraction   (default 0.05)
   --deepspeed-config FILE  start from a DeepSpeed JSON config (zero_optimization sizes,
-                        offload_optimizer, bf16/fp16, gradient_accumulation_steps,
+                        offload_optimizer, offload_param, bf16/fp16, gradient_accumulation_steps,
                         train_micro_batch_size_per_gpu); options given here override it
   --simulate            also run the engine on the phantom backend and print the run's
                         peaks beside the plan
@@ -138,6 +146,7 @@ void apply_deepspeed_config(options& o, const std::vector<std::string>& args) {
   o.cfg.prefetch.allow_oversized_module = oversized;
   o.act.activation_type = o.cfg.param_dtype;
   o.optimizer = ds.offload_optimizer ? optimizer_location::host : optimizer_location::device;
+  if (o.cfg.offload.nvme_path.empty()) o.cfg.offload.nvme_path = "(planned)";
   o.act.micro_batches = ds.gradient_accumulation_steps;
   if (ds.micro_batch_size) o.act.micro_batch = *ds.micro_batch_size;
 }
@@ -153,6 +162,13 @@ options parse(const std::vector<std::string>& args) {
       continue;
     }
     if (a.rfind("--", 0) != 0) throw usage_error("unexpected argument '" + a + "'");
+    // every other option takes a value: an unknown one is named as such, not as missing its value
+    static const std::set<std::string> with_value = {
+        "--deepspeed-config", "--schedule", "--hooks", "--gpu", "--context-mib", "--nccl-mib", "--workspace-mib",
+        "--fragmentation", "--model", "--world", "--shard-group", "--ranks-per-node", "--device-gib", "--micro-batch",
+        "--seq", "--micro-batches", "--checkpoint", "--optimizer", "--dtype", "--max-live", "--prefetch", "--bucket",
+        "--prefetcher", "--allow-oversized"};
+    if (!with_value.count(a)) throw usage_error("unknown option '" + a + "'");
     if (i + 1 >= args.size()) throw usage_error(a + " needs a value");
     const std::string& v = args[++i];
     if (a == "--deepspeed-config") {
@@ -175,7 +191,7 @@ options parse(const std::vector<std::string>& args) {
       o.gpu.fragmentation = f;
     } else if (a == "--model") {
       auto s = transformer_shape_named(v);
-      if (!s) throw usage_error("unknown model '" + v + "' (known: llama3-8b, llama3-70b)");
+      if (!s) throw usage_error("unknown model '" + v + "' (known: llama3-8b, llama3-70b, llama2-13b)");
       o.shape = *s;
     } else if (a == "--world") {
       o.overrides.emplace_back(a, v);
@@ -209,6 +225,30 @@ options parse(const std::vector<std::string>& args) {
         o.optimizer = optimizer_location::host;
       else
         throw usage_error("--optimizer takes device or host, not '" + v + "'");
+    } else if (a == "--offload-optimizer") {
+      o.overrides.emplace_back(a, v);
+      if (v != "none" && v != "cpu" && v != "nvme")
+        throw usage_error("--offload-optimizer takes none, cpu or nvme, not '" + v + "'");
+      o.optimizer = v == "none" ? optimizer_location::device : optimizer_location::host;
+      o.cfg.offload.optimizer_state = v == "nvme" ? offload_tier::nvme : offload_tier::host;
+      if (o.cfg.offload.nvme_path.empty()) o.cfg.offload.nvme_path = "(planned)";  // no file is made
+    } else if (a == "--offload-param") {
+      o.overrides.emplace_back(a, v);
+      if (v == "nvme")
+        throw usage_error("--offload-param nvme: parameter shards on NVMe are not implemented; use cpu");
+      if (v != "none" && v != "cpu") throw usage_error("--offload-param takes none or cpu, not '" + v + "'");
+      o.cfg.offload.params = v == "cpu" ? offload_tier::host : offload_tier::device;
+    } else if (a == "--nvme-chunk") {
+      o.overrides.emplace_back(a, v);
+      o.cfg.offload.nvme_chunk_numel = count(a, v);
+    } else if (a == "--nvme-buffers") {
+      o.overrides.emplace_back(a, v);
+      const std::size_t n = count(a, v);
+      if (n > 1024) throw usage_error("--nvme-buffers " + v + " is more than 1024");
+      o.cfg.offload.nvme_buffer_count = int(n);
+    } else if (a == "--pin-memory") {
+      o.overrides.emplace_back(a, v);
+      o.cfg.offload.pin_memory = on_off(a, v);
     } else if (a == "--dtype") {
       o.overrides.emplace_back(a, v);
       if (v == "bf16")
@@ -268,15 +308,19 @@ double gib(std::size_t bytes) { return double(bytes) / double(std::size_t{1} << 
 // Prints the plan (and a simulation beside it) and the key figures.
 int report(const options& o, const model_spec& spec, const engine_config& cfg, int world, optimizer_location optimizer,
            const training_schedule& schedule) {
-  const memory_plan plan =
-      plan_memory(spec, cfg, world, schedule, {.optimizer = optimizer, .prefetcher = o.prefetcher, .overheads = o.gpu});
+  const bool gpu = o.gpu.total(0) > 0;  // the GPU's terms: a device whose host tier may be page-locked
+  const bool pinned = gpu && cfg.offload.pin_memory && optimizer == optimizer_location::host;
+  const memory_plan plan = plan_memory(
+      spec, cfg, world, schedule,
+      {.optimizer = optimizer, .prefetcher = o.prefetcher, .overheads = o.gpu, .host_pinned = pinned});
   std::optional<phantom_result> sim;
   if (o.simulate) {
     const int steps = plan.steps_simulated + int(schedule.cycle.size());
     sim = optimizer == optimizer_location::host ? simulate<offload::host_adam>(o, spec, cfg, world, schedule, steps)
                                                 : simulate<offload::on_device>(o, spec, cfg, world, schedule, steps);
   }
-  print_plan(std::cout, plan, sim ? &sim->peak_step() : nullptr, sim && sim->host ? &*sim->host : nullptr);
+  print_plan(std::cout, plan, sim ? &sim->peak_step() : nullptr, sim && sim->host ? &*sim->host : nullptr,
+             sim && sim->nvme ? &*sim->nvme : nullptr);
   const device_overheads& d = plan.overheads;
   if (d.total(plan.device.total_peak) > 0)
     std::printf(
@@ -288,6 +332,11 @@ int report(const options& o, const model_spec& spec, const engine_config& cfg, i
   std::printf("device_total_gib_per_rank: %.3f\n", gib(plan.device_total()));
   std::printf("peak_phase: %s\n", plan.device.peak_phase.c_str());
   std::printf("host_gib_per_rank: %.3f\n", gib(plan.host.total_peak));
+  std::printf("pinned_host_gib_per_rank: %.3f\n", gib(plan.host_pinned ? plan.host.total_peak : 0));
+  std::printf("pageable_host_gib_per_rank: %.3f\n", gib(plan.host_pinned ? 0 : plan.host.total_peak));
+  std::printf("nvme_gib_per_rank: %.3f\n", gib(plan.nvme.total_peak));
+  std::printf("pcie_gib_per_step: %.3f\n", gib(plan.moved.to_device + plan.moved.to_host));
+  std::printf("disk_gib_per_step: %.3f\n", gib(plan.moved.disk_read + plan.moved.disk_written));
   std::printf("steps_planned: %d\n", plan.steps_simulated);
   std::printf("peak_bytes_per_rank: %zu\n", plan.device.total_peak);
   std::printf("shard_group_ranks: %d\n", plan.shard_group);
@@ -295,10 +344,13 @@ int report(const options& o, const model_spec& spec, const engine_config& cfg, i
   std::printf("sent_across_groups_gib_per_step: %.3f\n", gib(plan.traffic.across_groups));
   if (sim) {
     const bool same = plan.traffic.total() == sim->bytes_sent_per_step &&
-                      plan.traffic.across_groups == sim->across_groups_bytes_per_step;
+                      plan.traffic.across_groups == sim->across_groups_bytes_per_step &&
+                      plan.moved == sim->moved_per_step;
     std::printf("simulated_bytes_match_plan: %s\n", same ? "yes" : "no (max_live_numel binds: gathers differ)");
     std::printf("simulated_peak_gib: %.3f\n", gib(sim->peak()));
-    bool within = sim->peak() <= plan.device.total_peak;
+    bool within = sim->peak() <= plan.device.total_peak &&
+                  (!sim->nvme || sim->nvme->total_peak() == plan.nvme.total_peak) &&
+                  (!sim->host || sim->host->total_peak() <= plan.host.total_peak);
     for (const auto& l : sim->steps)
       for (std::size_t i = 0; i < mem_category_count; ++i)
         within = within && l.peak(mem_category(i)) <= plan.device.peak[i];
@@ -312,15 +364,21 @@ int report(const options& o, const model_spec& spec, const engine_config& cfg, i
   return 0;
 }
 
+// Where the optimizer state lives, in words.
+std::string tier_words(optimizer_location optimizer, const engine_config& cfg) {
+  if (optimizer == optimizer_location::device) return "device";
+  return cfg.offload.optimizer_state == offload_tier::nvme ? "host, its state on NVMe" : "host";
+}
+
 int run_llama(const options& o) {
   const transformer_model model = o.hooks ? build_transformer_hooks(o.shape) : build_transformer(o.shape);
   const training_schedule schedule{
       {o.hooks ? transformer_hook_program(model, o.act) : to_program(transformer_schedule(model, o.act))}};
-  std::printf("%s: %.2fe9 parameters, %d layers, hidden %lld, %zu modules; %d ranks, %s, optimizer on the %s\n",
+  std::printf("%s: %.2fe9 parameters, %d layers, hidden %lld, %zu modules; %d ranks, %s, optimizer on the %s%s\n",
               o.shape.name.c_str(), double(o.shape.param_count()) / 1e9, o.shape.layers,
               static_cast<long long>(o.shape.hidden), model.spec.modules().size(), o.world,
-              std::string(to_string(o.cfg.param_dtype)).c_str(),
-              o.optimizer == optimizer_location::host ? "host" : "device");
+              std::string(to_string(o.cfg.param_dtype)).c_str(), tier_words(o.optimizer, o.cfg).c_str(),
+              o.cfg.offload.params == offload_tier::host ? ", parameter shards on the host" : "");
   std::printf(
       "micro-batch %lld x %lld tokens, %d per step, checkpointing %s; max_live %zu, prefetch %zu (%s), bucket %zu\n\n",
       static_cast<long long>(o.act.micro_batch), static_cast<long long>(o.act.seq_len), o.act.micro_batches,
@@ -341,6 +399,18 @@ int run_file(const options& o) {
       f.world = parsed.world;
     else if (flag == "--optimizer")
       f.optimizer = parsed.optimizer;
+    else if (flag == "--offload-optimizer") {
+      f.optimizer = parsed.optimizer;
+      f.cfg.offload.optimizer_state = parsed.cfg.offload.optimizer_state;
+      f.cfg.offload.nvme_path = parsed.cfg.offload.nvme_path;
+    } else if (flag == "--offload-param")
+      f.cfg.offload.params = parsed.cfg.offload.params;
+    else if (flag == "--nvme-chunk")
+      f.cfg.offload.nvme_chunk_numel = parsed.cfg.offload.nvme_chunk_numel;
+    else if (flag == "--nvme-buffers")
+      f.cfg.offload.nvme_buffer_count = parsed.cfg.offload.nvme_buffer_count;
+    else if (flag == "--pin-memory")
+      f.cfg.offload.pin_memory = parsed.cfg.offload.pin_memory;
     else if (flag == "--max-live")
       f.cfg.prefetch.max_live_numel = parsed.cfg.prefetch.max_live_numel;
     else if (flag == "--prefetch")
@@ -363,8 +433,8 @@ int run_file(const options& o) {
       "%s: %zu parameters (%.4ge9 elements), %zu modules; %d ranks, %s, optimizer on the %s\n"
       "%zu step program(s) in the cycle, %zu calls; max_live %zu, prefetch %zu (%s), bucket %zu\n\n",
       o.schedule_path->c_str(), f.spec.params().size(), double(f.spec.total_numel()) / 1e9, f.spec.modules().size(),
-      f.world, std::string(to_string(f.cfg.param_dtype)).c_str(),
-      f.optimizer == optimizer_location::host ? "host" : "device", f.schedule.cycle.size(), events,
+      f.world, std::string(to_string(f.cfg.param_dtype)).c_str(), tier_words(f.optimizer, f.cfg).c_str(),
+      f.schedule.cycle.size(), events,
       f.cfg.prefetch.max_live_numel, f.cfg.prefetch.prefetch_numel,
       o.prefetcher == prefetch_policy::trace ? "trace" : "on-demand", f.cfg.reduce.reduce_bucket_numel);
   return report(o, f.spec, f.cfg, f.world, f.optimizer, f.schedule);

@@ -14,11 +14,18 @@
 //                (engine_config::overlap off), and with overlap on (gathers and reductions on
 //                the role streams). Also the memory pool's reserved high-water mark next to the
 //                ledger's peak: stream-ordered frees may hold memory a little past the ledger.
+//                One overlap step is traced (engine_config::trace): the host time the engine
+//                spends per phase (gathers, reductions, releases, the step's gradient sums,
+//                the exchange, AdamW) beside the user's kernel launches, to attribute what the
+//                step costs beyond its compute.
 //   4. overlap   The same 12 blocks scheduled by hand on the role streams with two
 //                communicators (gathers and reduce-scatters in flight together), vs the same
 //                work serialised on one stream: the bound the engine's schedule is measured by.
+//   5. gpt       The example GPT at GPT-2-small shape on one GPU, plain loop vs zshard, with and
+//                without checkpointing (gpt_stage.hpp).
 //
-// Usage: bench_gpu [--quick]. Key figures last as `name: value`.
+// Usage: bench_gpu [--quick] [--stages kernels,nccl,engine,overlap,gpt] (default: all).
+// Key figures last as `name: value`.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +38,9 @@
 #include "zshard/backend/cuda_backend.hpp"
 #include "zshard/comm/nccl_ranks.hpp"
 #include "zshard/engine/engine.hpp"
+#include "zshard/trace/trace_sink.hpp"
+#include "engine_phases.hpp"
+#include "gpt_stage.hpp"
 
 namespace {
 
@@ -81,7 +91,12 @@ int sm_count(int device) {
 }
 
 // ---- 1. kernels ---------------------------------------------------------------------------------
-double bench_kernels(bool quick) {
+struct kernel_figures {
+  double adamw_vs_copy = 0, cast_vs_copy = 0, sum_squares_vs_copy = 0;
+  double adamw_bf16_ms_per_mparam = 0;  // the AdamW kernel's own time per million parameters (bf16 working)
+};
+
+kernel_figures bench_kernels(bool quick) {
   cuda_backend b;
   const auto s = b.make_stream();
   const std::size_t n = (quick ? 16 : 64) * mib;  // elements: 4 f32 arrays of 256 MiB each, far beyond L2
@@ -113,21 +128,28 @@ double bench_kernels(bool quick) {
   rows.push_back({"add_into (grad accumulate)", 12, best_ms(b, s, reps, [&] {
                      b.add_into(grad.as<float>(), m.as<float>(), n, s);
                    })});
-  std::size_t temp_bytes = 0;
-  ZSHARD_CUDA_CHECK(zshard::cuda::sum_squares(nullptr, temp_bytes, grad.as<float>(), n, nullptr, s.handle()));
-  buf temp(b, dtype::f32, temp_bytes / 4 + 1, mem_category::scratch), sum(b, dtype::f32, 2, mem_category::scratch);
-  rows.push_back({"sum of squares (CUB)", 4, best_ms(b, s, reps, [&] {
-                     ZSHARD_CUDA_CHECK(zshard::cuda::sum_squares(temp.data(), temp_bytes, grad.as<float>(), n,
-                                                                 sum.as<double>(), s.handle()));
+  const float* grad_ptr = grad.as<float>();
+  const std::span<const float* const> one(&grad_ptr, 1);
+  const std::span<const std::size_t> one_n(&n, 1);
+  buf partial(b, dtype::f32, 2 * zshard::cuda::sum_squares_partials(one_n), mem_category::scratch),
+      sum(b, dtype::f32, 2, mem_category::scratch);
+  rows.push_back({"sum of squares (f64)", 4, best_ms(b, s, reps, [&] {
+                     ZSHARD_CUDA_CHECK(zshard::cuda::sum_squares_batch(one, one_n, sum.as<double>(),
+                                                                       partial.as<double>(), s.handle()));
                    })});
   const double copy_gbps = gbps(32.0 * double(n), copy_ms);
   std::printf("\n1. kernels, %zu Mi elements (f32 state)\n%-30s %10s %10s %10s %8s\n", n / mib, "kernel", "B/elem",
               "time_ms", "GB/s", "vs copy");
+  kernel_figures out;
   for (const auto& r : rows) {
     const double g = gbps(r.bytes_per_elem * double(n), r.ms);
     std::printf("%-30s %10.0f %10.3f %10.1f %8.2f\n", r.name, r.bytes_per_elem, r.ms, g, g / copy_gbps);
+    const std::string_view name = r.name;
+    if (name == "adamw + bf16 working") out.adamw_vs_copy = g / copy_gbps, out.adamw_bf16_ms_per_mparam = r.ms / (double(n) / 1e6);
+    if (name.starts_with("cast")) out.cast_vs_copy = g / copy_gbps;
+    if (name.starts_with("sum of squares")) out.sum_squares_vs_copy = g / copy_gbps;
   }
-  return gbps(30.0 * double(n), rows[2].ms) / copy_gbps;  // adamw (bf16 write-back) vs copy
+  return out;
 }
 
 // ---- 2. nccl collectives --------------------------------------------------------------------------
@@ -222,8 +244,9 @@ struct engine_result {
 
 // Mean ms per engine step on every GPU of the process.
 // two_comms: reductions on a second communicator per rank (the engine's reduce_comm).
+// trace: when given, the last timed step is recorded there (rank 0's events: trace->rank(0)).
 engine_result bench_engine(const std::vector<int>& devs, zshard::nccl_completion mode, bool overlap, bool quick,
-                           bool two_comms = false) {
+                           bool two_comms = false, zshard::trace_sink* trace = nullptr) {
   engine_result result;
   zshard::nccl_options reduce_opts;
   reduce_opts.completion = mode;
@@ -242,6 +265,8 @@ engine_result bench_engine(const std::vector<int>& devs, zshard::nccl_completion
     cfg.reduce.reduce_bucket_numel = 25'000'000;
     cfg.prefetch.max_live_numel = 200'000'000;
     cfg.overlap = overlap;
+    cfg.trace = trace;
+    if (trace) trace->set_recording(false);
     {
       zshard::nccl_comm& rc = two_comms ? reduce_comms[static_cast<std::size_t>(c.rank())] : c;
       zshard::engine<cuda_backend, zshard::nccl_comm> eng(b, c, rc, gpt_spec(12, 768, 50304, id), cfg);
@@ -267,7 +292,15 @@ engine_result bench_engine(const std::vector<int>& devs, zshard::nccl_completion
       for (int i = 0; i < 2; ++i) one_step();  // warm-up: the prefetcher records its trace, the pool fills
       const int steps = quick ? 2 : 5;
       const auto t0 = clock_type::now();
-      for (int i = 0; i < steps; ++i) one_step();
+      for (int i = 0; i < steps; ++i) {
+        const bool traced = trace && i == steps - 1;
+        if (traced) {
+          c.barrier();  // every rank between steps: the window is exactly one step
+          if (c.rank() == 0) trace->set_recording(true);
+        }
+        one_step();
+        if (traced && c.rank() == 0) trace->set_recording(false);
+      }
       const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count() / steps;
       if (c.rank() == 0) {
         std::uint64_t high = 0;
@@ -365,10 +398,22 @@ std::pair<double, double> bench_overlap(const std::vector<int>& devs, bool quick
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string_view(argv[1]) == "--quick";
+  bool quick = false;
+  std::string stages = "kernels,nccl,engine,overlap,gpt";
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--stages" && i + 1 < argc) stages = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: bench_gpu [--quick] [--stages kernels,nccl,engine,overlap,gpt]\n");
+      return 2;
+    }
+  }
+  const auto want = [&](std::string_view stage) { return ("," + stages + ",").find("," + std::string(stage) + ",") != std::string::npos; };
   const auto census = zshard::cuda::count_devices();
   if (census.count == 0) {
-    std::printf("skipped: no CUDA device (%s); bench_gpu needs one\n", census.reason.c_str());
+    std::printf("skipped: no CUDA device (%s); bench_gpu needs one (stages asked: %s)\n", census.reason.c_str(),
+                stages.c_str());
     return 0;
   }
   try {
@@ -378,45 +423,80 @@ int main(int argc, char** argv) {
     ZSHARD_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     int nccl_version = 0;
     (void)ncclGetVersion(&nccl_version);
-    std::printf("bench_gpu: %d x %s (sm_%d%d, %d SMs), NCCL %d%s\n", census.count, prop.name, prop.major, prop.minor,
-                prop.multiProcessorCount, nccl_version, quick ? ", --quick" : "");
-    const double adamw_vs_copy = bench_kernels(quick);
-    const auto coll = bench_collectives(devs, quick);
-    const auto wait = bench_engine(devs, zshard::nccl_completion::wait, false, quick);
-    const auto serial_step = bench_engine(devs, zshard::nccl_completion::enqueue, false, quick);
-    const auto overlap_step = bench_engine(devs, zshard::nccl_completion::enqueue, true, quick);
-    const auto two_comm_step = bench_engine(devs, zshard::nccl_completion::enqueue, true, quick, true);
-    const double compute_ms = 14 * (fwd_us + bwd_us) / 1000;
-    std::printf("\n3. engine step, GPT-2 small shape (124M params, bf16), %zu GPU(s), synthetic compute %.1f ms\n",
-                devs.size(), compute_ms);
-    std::printf("%-48s %10s %12s %12s\n", "collectives", "ms/step", "ledger GiB", "pool GiB");
-    const auto row = [](const char* name, const engine_result& r) {
-      std::printf("%-48s %10.2f %12.3f %12.3f\n", name, r.step_ms, r.ledger_peak_gib, r.pool_high_gib);
+    std::printf("bench_gpu: %d x %s (sm_%d%d, %d SMs), NCCL %d%s, stages %s\n", census.count, prop.name, prop.major,
+                prop.minor, prop.multiProcessorCount, nccl_version, quick ? ", --quick" : "", stages.c_str());
+    std::string figures;  // the closing `name: value` lines, in stage order
+    const auto figure = [&](const char* name, double v, int digits = 2) {
+      char line[128];
+      std::snprintf(line, sizeof line, "%s: %.*f\n", name, digits, v);
+      figures += line;
     };
-    row("wait, one stream (host waits on each)", wait);
-    row("enqueue, one stream (overlap off)", serial_step);
-    row("enqueue, role streams (overlap on)", overlap_step);
-    row("enqueue, role streams, reductions on a 2nd comm", two_comm_step);
-    const auto [serial, overlapped] = bench_overlap(devs, quick);
-    std::printf("\n4. 12 blocks fwd+bwd on the role streams (compute %.1f ms)\n%-44s %10.2f ms\n%-44s %10.2f ms\n",
-                12 * (fwd_us + bwd_us) / 1000, "serial (one stream)", serial, "overlapped (gather/reduce streams)",
-                overlapped);
-    double ag_best = 0, rs_best = 0;
-    for (const auto& r : coll) {
-      const double bus = gbps(double(r.bytes), r.ms) * (double(devs.size()) - 1) / double(devs.size());
-      const double alg = gbps(double(r.bytes), r.ms);
-      double& best = std::string_view(r.op).starts_with("all_gather") ? ag_best : rs_best;
-      best = std::max(best, devs.size() > 1 ? bus : alg);
+    kernel_figures kf;
+    if (want("kernels")) {
+      kf = bench_kernels(quick);
+      figure("adamw_vs_copy", kf.adamw_vs_copy);
+      figure("cast_vs_copy", kf.cast_vs_copy);
+      figure("sum_squares_vs_copy", kf.sum_squares_vs_copy);
     }
-    std::printf("\nadamw_vs_copy: %.2f\n%s: %.1f\n%s: %.1f\n", adamw_vs_copy,
-                devs.size() > 1 ? "allgather_busbw_GBps" : "allgather_algbw_GBps", ag_best,
-                devs.size() > 1 ? "reducescatter_busbw_GBps" : "reducescatter_algbw_GBps", rs_best);
-    std::printf("engine_step_ms_wait: %.2f\nengine_step_ms_serial: %.2f\nengine_step_ms_overlap: %.2f\n"
-                "engine_overlap_speedup: %.2f\nengine_step_ms_two_comms: %.2f\nengine_two_comm_speedup: %.2f\n"
-                "engine_pool_vs_ledger: %.3f\nhand_overlap_speedup: %.2f\n",
-                wait.step_ms, serial_step.step_ms, overlap_step.step_ms, serial_step.step_ms / overlap_step.step_ms,
-                two_comm_step.step_ms, serial_step.step_ms / two_comm_step.step_ms,
-                overlap_step.pool_high_gib / overlap_step.ledger_peak_gib, serial / overlapped);
+    if (want("nccl")) {
+      const auto coll = bench_collectives(devs, quick);
+      double ag_best = 0, rs_best = 0;
+      for (const auto& r : coll) {
+        const double bus = gbps(double(r.bytes), r.ms) * (double(devs.size()) - 1) / double(devs.size());
+        const double alg = gbps(double(r.bytes), r.ms);
+        double& best = std::string_view(r.op).starts_with("all_gather") ? ag_best : rs_best;
+        best = std::max(best, devs.size() > 1 ? bus : alg);
+      }
+      figure(devs.size() > 1 ? "allgather_busbw_GBps" : "allgather_algbw_GBps", ag_best, 1);
+      figure(devs.size() > 1 ? "reducescatter_busbw_GBps" : "reducescatter_algbw_GBps", rs_best, 1);
+    }
+    if (want("engine")) {
+      const auto wait = bench_engine(devs, zshard::nccl_completion::wait, false, quick);
+      const auto serial_step = bench_engine(devs, zshard::nccl_completion::enqueue, false, quick);
+      zshard::trace_sink trace;
+      const auto overlap_step = bench_engine(devs, zshard::nccl_completion::enqueue, true, quick, false, &trace);
+      const auto two_comm_step = bench_engine(devs, zshard::nccl_completion::enqueue, true, quick, true);
+      const double compute_ms = 14 * (fwd_us + bwd_us) / 1000;
+      std::printf("\n3. engine step, GPT-2 small shape (124M params, bf16), %zu GPU(s), synthetic compute %.1f ms\n",
+                  devs.size(), compute_ms);
+      std::printf("%-48s %10s %12s %12s\n", "collectives", "ms/step", "ledger GiB", "pool GiB");
+      const auto row = [](const char* name, const engine_result& r) {
+        std::printf("%-48s %10.2f %12.3f %12.3f\n", name, r.step_ms, r.ledger_peak_gib, r.pool_high_gib);
+      };
+      row("wait, one stream (host waits on each)", wait);
+      row("enqueue, one stream (overlap off)", serial_step);
+      row("enqueue, role streams (overlap on)", overlap_step);
+      row("enqueue, role streams, reductions on a 2nd comm", two_comm_step);
+      const double engine_host_ms = print_phases(trace.rank(0), overlap_step.step_ms);
+      // The AdamW kernel's own time for this model (124M parameters over the ranks, bf16 working).
+      const double adamw_ms = kf.adamw_bf16_ms_per_mparam * 124.0 / double(devs.size());
+      figure("engine_step_ms_wait", wait.step_ms);
+      figure("engine_step_ms_serial", serial_step.step_ms);
+      figure("engine_step_ms_overlap", overlap_step.step_ms);
+      figure("engine_overlap_speedup", serial_step.step_ms / overlap_step.step_ms);
+      figure("engine_step_ms_two_comms", two_comm_step.step_ms);
+      figure("engine_two_comm_speedup", serial_step.step_ms / two_comm_step.step_ms);
+      figure("engine_step_host_ms_in_engine", engine_host_ms);
+      if (kf.adamw_bf16_ms_per_mparam > 0)
+        figure("engine_step_vs_compute_plus_adamw", overlap_step.step_ms / (compute_ms + adamw_ms), 3);
+      figure("engine_pool_vs_ledger", overlap_step.pool_high_gib / overlap_step.ledger_peak_gib, 3);
+    }
+    if (want("overlap")) {
+      const auto [serial, overlapped] = bench_overlap(devs, quick);
+      std::printf("\n4. 12 blocks fwd+bwd on the role streams (compute %.1f ms)\n%-44s %10.2f ms\n%-44s %10.2f ms\n",
+                  12 * (fwd_us + bwd_us) / 1000, "serial (one stream)", serial, "overlapped (gather/reduce streams)",
+                  overlapped);
+      figure("hand_overlap_speedup", serial / overlapped);
+    }
+    if (want("gpt")) {
+      const auto gpt = gpt_stage::run(quick);
+      std::printf("\n");
+      std::fputs(figures.c_str(), stdout);
+      gpt_stage::print_figures(gpt);
+    } else {
+      std::printf("\n");
+      std::fputs(figures.c_str(), stdout);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu: %s\n", e.what());
     return 1;

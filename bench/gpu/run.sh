@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# On a GPU machine: build the GPU tests, the example and the bench, run the tests (kernels
+# On a GPU machine: build the GPU tests, the examples and the bench, run the tests (kernels
 # against the host reference, the CUDA backend, NCCL, the engine on cuda_backend + nccl_comm,
-# the readiness cases of issue 18; NCCL bootstrapped over MPI, one process per GPU, when Open
-# MPI is there), the example, then the bench, which prints its tables and key figures. The whole
+# the readiness cases, the example GPT against the host run; NCCL bootstrapped over MPI, one
+# process per GPU, when Open MPI is there), the two examples (the toy engine, and the GPT:
+# small, then GPT-2 small), then the bench, which prints its tables and key figures. The whole
 # script fits in 8 minutes (a device command may run 10; a session has 15 minutes of device
 # time): every stage has a time budget, printed before it runs, and is cut short to what is left
 # of the total.
@@ -11,13 +12,17 @@
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), BUILD_DIR (default build/gpu), OUT or
 # RESULTS_DIR (the results folder: every log is written there as it is produced, so a run cut
-# short still leaves what it had; default: BUILD_DIR), ZSHARD_GPU_BUDGET_S (total, default 470),
-# ZSHARD_GPU_BUILD_S (the build's cap, default 180: nvcc on a many-core GPU machine takes ~60 s).
-# Needs nvcc, NCCL (CUDA's own, the system's, or the nvidia-nccl-cu* Python wheel's folder) and,
-# for the tests, doctest's header (installed, or copied to .gpu_deps/doctest/doctest.h; without
-# it the tests are reported as not run). It calls nvcc directly rather than CMake because a GPU
-# machine may lack the Eigen/doctest packages CMake's configure requires for the host targets.
-# Without a GPU it still builds everything, then reports each GPU stage as skipped (exit 0).
+# short still leaves what it had; default: BUILD_DIR; figures.txt collects the key figures),
+# ZSHARD_GPU_BUDGET_S (total, default 470), ZSHARD_GPU_BUILD_S (the build's cap, default 180:
+# nvcc on a many-core GPU machine takes ~60-90 s).
+# Needs nvcc, cuBLAS (CUDA's), NCCL (CUDA's own, the system's, or the nvidia-nccl-cu* Python
+# wheel's folder) and, for the tests, doctest's header (installed, or in .gpu_deps/doctest/;
+# without it the tests are reported as not run) and Eigen's headers for the GPT test's host
+# reference (installed, or in .gpu_deps/eigen3/; without them that comparison is reported as not
+# made). bench/gpu/prepare_deps.sh copies both into .gpu_deps on a machine that has them. It
+# calls nvcc directly rather than CMake because a GPU machine may lack the packages CMake's
+# configure requires for the host targets. Without a GPU it still builds everything, then
+# reports each GPU stage as skipped (exit 0).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 quick=""
@@ -52,7 +57,7 @@ run_stage() {
   return "${PIPESTATUS[0]}"
 }
 
-say "plan: build <= ${ZSHARD_GPU_BUILD_S:-180} s, test_cuda <= 150 s, hang test <= 40 s, example <= 30 s, bench <= the rest (total ${total} s)"
+say "plan: build <= ${ZSHARD_GPU_BUILD_S:-180} s, test_cuda <= 150 s, hang test <= 40 s, examples <= 25 + 30 + 45 s, bench (kernels+engine, gpt, nccl+overlap) <= the rest (total ${total} s)"
 gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | head -1)
 nvcc_version=$("$nvcc" --version 2>/dev/null | tail -1)
 say "$(date -u +%Y-%m-%dT%H:%MZ) GPU: ${gpu:-none visible to nvidia-smi}; nvcc: ${nvcc_version:-not found at $nvcc}"
@@ -79,11 +84,15 @@ if [[ -z $nccl_lib ]]; then say "NCCL not found (nccl.h + libnccl; also looked i
 nccl_version=$(awk '/#define NCCL_(MAJOR|MINOR|PATCH) /{v = v (v ? "." : "") $3} END {print v}' "$nccl_inc/nccl.h")
 say "NCCL ${nccl_version:-?}: $nccl_inc, $nccl_lib"
 
-# ---- doctest (tests only) ---------------------------------------------------------------------
-doctest_inc=""
+# ---- doctest (tests only), Eigen (the GPT test's host reference) -------------------------------
+doctest_inc="" eigen_inc=""
 for d in /usr/include /usr/local/include .gpu_deps; do
   [[ -f $d/doctest/doctest.h ]] && { doctest_inc=$d; break; }
 done
+for d in /usr/include/eigen3 /usr/local/include/eigen3 .gpu_deps/eigen3; do
+  [[ -f $d/Eigen/Dense ]] && { eigen_inc=$d; break; }
+done
+say "doctest: ${doctest_inc:-not found}; Eigen: ${eigen_inc:-not found (the GPT test compares with the host emulation only)}"
 
 # ---- build: sm_90 machine code + PTX, plus this GPU's own architecture if it is another -----
 arch=(-gencode "arch=compute_90,code=[sm_90,compute_90]")
@@ -91,23 +100,42 @@ cap=$(echo "$gpu" | awk -F', ' '{print $2}' | tr -d '.')
 [[ -n $cap && $cap != 90 ]] && arch+=(-gencode "arch=compute_$cap,code=sm_$cap")
 flags=(-std=c++20 -O3 "${arch[@]}" -Xcompiler=-Wall,-Wextra,-Wno-missing-field-initializers -diag-suppress=554
   -Iinclude "-I$nccl_inc")
-libs=("$nccl_lib" "-Xlinker=-rpath,$(dirname "$nccl_lib")")
+libs=("$nccl_lib" "-Xlinker=-rpath,$(dirname "$nccl_lib")" "-L$cuda/lib64" -lcublas)
 build_secs=$(budget "${ZSHARD_GPU_BUILD_S:-180}" 200)
-say "stage build: budget ${build_secs} s: bench_gpu, 03_gpu_engine${doctest_inc:+ and test_cuda} with nvcc, in parallel"
-build() {  # build <source> <program> [extra flags...]; the log goes straight to the results folder
-  local src=$1 prog=$2
+say "stage build: budget ${build_secs} s: objects in parallel (the GPT kernels once), then links"
+compile() {  # compile <source> <object> [extra flags...]; the log goes straight to the results folder
+  local src=$1 obj=$2
   shift 2
-  timeout -k 5 "$build_secs" "$nvcc" "${flags[@]}" "$@" "$src" -o "$out/$prog" "${libs[@]}" \
-    >"$results/build_$prog.log" 2>&1 || { tail -50 "$results/build_$prog.log"; return 1; }
+  timeout -k 5 "$build_secs" "$nvcc" "${flags[@]}" "$@" -c "$src" -o "$out/$obj" >"$results/build_$obj.log" 2>&1 ||
+    { tail -50 "$results/build_$obj.log"; return 1; }
 }
+link() {  # link <program> <objects...>
+  local prog=$1
+  shift
+  "$nvcc" "${flags[@]}" "${@/#/$out/}" -o "$out/$prog" "${libs[@]}" >"$results/build_$prog.log" 2>&1 ||
+    { tail -50 "$results/build_$prog.log"; return 1; }
+}
+build_start=$SECONDS
 pids=()
-build bench/gpu/bench_gpu.cu bench_gpu & pids+=($!)
-build examples/03_gpu_engine.cu 03_gpu_engine & pids+=($!)
-[[ -n $doctest_inc ]] && { build tests/gpu/test_cuda.cu test_cuda "-I$doctest_inc" & pids+=($!); }
+compile examples/gpt/cuda/cuda_ops.cu gpt_cuda_ops.o & pids+=($!)
+compile bench/gpu/bench_gpu.cu bench_gpu.o & pids+=($!)
+compile examples/03_gpu_engine.cu 03_gpu_engine.o & pids+=($!)
+compile examples/05_train_gpt_gpu.cu 05_train_gpt_gpu.o & pids+=($!)
+if [[ -n $doctest_inc ]]; then
+  compile tests/gpu/test_cuda.cu test_cuda.o "-I$doctest_inc" & pids+=($!)
+  # host C++ (nvcc hands a .cpp to the host compiler): Eigen stays out of nvcc's front end
+  compile tests/gpu/gpt_host_reference.cpp gpt_host_reference.o ${eigen_inc:+"-isystem=$eigen_inc"} & pids+=($!)
+fi
 build_ok=1
 for p in "${pids[@]}"; do wait "$p" || build_ok=0; done
+if ((build_ok)); then
+  link bench_gpu bench_gpu.o gpt_cuda_ops.o || build_ok=0
+  link 03_gpu_engine 03_gpu_engine.o || build_ok=0
+  link 05_train_gpt_gpu 05_train_gpt_gpu.o gpt_cuda_ops.o || build_ok=0
+  [[ -n $doctest_inc ]] && { link test_cuda test_cuda.o gpt_host_reference.o gpt_cuda_ops.o || build_ok=0; }
+fi
 ((build_ok)) || { say "build failed (logs: $results/build_*.log)"; exit 3; }
-say "built"
+say "built in $((SECONDS - build_start)) s"
 
 # Reductions on a second communicator (the readiness tests, the bench's hand schedule) put two
 # communicators per GPU in flight: NCCL must then launch in the order of the host's calls.
@@ -115,13 +143,13 @@ export NCCL_LAUNCH_ORDER_IMPLICIT=1
 say "NCCL_LAUNCH_ORDER_IMPLICIT=1 (two communicators per GPU in flight)"
 
 # ---- tests ------------------------------------------------------------------------------------
-tests="not run (no doctest header: copy /usr/include/doctest to .gpu_deps/doctest and carry it)"
+tests="not run (no doctest header: bash bench/gpu/prepare_deps.sh, then carry .gpu_deps)"
 rc_main=0 rc_hang=0
 if [[ -n $doctest_inc ]]; then
-  run_stage test_cuda "$(budget 150 110)" "$out/test_cuda" --test-case-exclude='hang*'
+  run_stage test_cuda "$(budget 150 200)" "$out/test_cuda" --test-case-exclude='hang*'
   rc_main=$?
   if ((have_gpu)); then
-    run_stage test_cuda_hang "$(budget 40 70)" "$out/test_cuda" --test-case='hang*'
+    run_stage test_cuda_hang "$(budget 40 170)" "$out/test_cuda" --test-case='hang*'
     rc_hang=$?
   else
     rc_hang=77
@@ -141,10 +169,10 @@ if ((have_gpu)) && command -v mpicxx >/dev/null && command -v mpirun >/dev/null;
     mpi_flags+=(--oversubscribe)
     [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
   fi
-  if timeout "$(budget 60 60)" mpicxx -std=c++20 -O2 -Iinclude "-I$cuda/include" "-I$nccl_inc" \
+  if timeout "$(budget 60 160)" mpicxx -std=c++20 -O2 -Iinclude "-I$cuda/include" "-I$nccl_inc" \
        tests/gpu/test_nccl_mpi.cpp -o "$out/test_nccl_mpi" "-L$cuda/lib64" -lcudart "$nccl_lib" \
        "-Wl,-rpath,$(dirname "$nccl_lib")" >"$results/build_test_nccl_mpi.log" 2>&1; then
-    run_stage test_nccl_mpi "$(budget 40 40)" mpirun -n "$((ngpu > 0 ? ngpu : 1))" "${mpi_flags[@]}" \
+    run_stage test_nccl_mpi "$(budget 40 150)" mpirun -n "$((ngpu > 0 ? ngpu : 1))" "${mpi_flags[@]}" \
       "$out/test_nccl_mpi"
     rc_nccl_mpi=$?
     nccl_mpi="rc=$rc_nccl_mpi with $((ngpu > 0 ? ngpu : 1)) process(es)"
@@ -157,19 +185,48 @@ elif ((!have_gpu)); then
 fi
 say "NCCL over MPI (test_nccl_mpi): $nccl_mpi"
 
-# ---- example and bench: GPU only ----------------------------------------------------------------
+# ---- examples and bench: GPU only ---------------------------------------------------------------
+rc_example=0 rc_gpt_small=0 rc_gpt2=0 rc_bench=0
 if ((have_gpu)); then
-  run_stage example "$(budget 30 40)" "$out/03_gpu_engine" 10
+  run_stage example "$(budget 25 140)" "$out/03_gpu_engine" 10
   rc_example=$?
   say "example 03_gpu_engine rc=$rc_example"
-  run_stage bench_gpu "$(budget 300 5)" "$out/bench_gpu" $quick
+  # 'used' counts from what the GPU used before the process (its CUDA context included)
+  used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1 | tr -d ' '; }
+  base=$(used_mib)
+  run_stage gpt_small "$(budget 30 120)" "$out/05_train_gpt_gpu" --steps 100 --log-every 20 ${base:+--baseline-used-mib "$base"}
+  rc_gpt_small=$?
+  base=$(used_mib)
+  run_stage gpt2_small "$(budget 45 90)" "$out/05_train_gpt_gpu" --gpt2-small --steps 30 --log-every 5 \
+    ${base:+--baseline-used-mib "$base"}
+  rc_gpt2=$?
+  say "example 05_train_gpt_gpu rc=$rc_gpt_small (small), rc=$rc_gpt2 (GPT-2 small)"
+  # Three runs, each with its own figures, so a run cut at its budget loses only its own.
+  run_stage bench_engine "$(budget 150 60)" "$out/bench_gpu" $quick --stages kernels,engine
   rc_bench=$?
+  run_stage bench_gpt "$(budget 150 30)" "$out/bench_gpu" $quick --stages gpt
+  rc=$?
+  ((rc != 0)) && rc_bench=$rc
+  run_stage bench_comm "$(budget 150 5)" "$out/bench_gpu" $quick --stages nccl,overlap
+  rc=$?
+  ((rc != 0)) && rc_bench=$rc
   say "bench rc=$rc_bench; total $((SECONDS - t0)) s"
 else
-  rc_example=0 rc_bench=0
-  say "stage example: skipped (no GPU)"
-  say "stage bench_gpu: skipped (no GPU); total $((SECONDS - t0)) s"
+  say "stage example, gpt_small, gpt2_small: skipped (no GPU)"
+  say "stage bench_engine, bench_gpt, bench_comm: skipped (no GPU); total $((SECONDS - t0)) s"
 fi
+
+# ---- the key figures, in one file -----------------------------------------------------------------
+{
+  echo "# $(date -u +%Y-%m-%dT%H:%MZ) ${gpu:-no GPU}; nvcc ${nvcc_version:-?}; NCCL ${nccl_version:-?}"
+  echo "# tests: $tests; NCCL over MPI: $nccl_mpi"
+  for f in gpt_small gpt2_small bench_engine bench_gpt bench_comm; do
+    [[ -f $results/$f.log ]] || continue
+    echo "## $f"
+    grep -E '^[a-z_0-9]+: [-0-9.]+' "$results/$f.log" || true
+  done
+} >"$results/figures.txt"
+say "figures: $results/figures.txt"
 ok_rc() { [[ $1 == 0 || ($1 == 77 && $have_gpu == 0) ]]; }
 [[ -z $doctest_inc ]] || { ok_rc "$rc_main" && ok_rc "$rc_hang"; } || exit 1
-[[ $rc_example == 0 && $rc_bench == 0 && $rc_nccl_mpi == 0 ]]
+[[ $rc_example == 0 && $rc_gpt_small == 0 && $rc_gpt2 == 0 && $rc_bench == 0 && $rc_nccl_mpi == 0 ]]

@@ -54,6 +54,9 @@ struct param_desc {
   bool decay = true;           // false for biases and layer-norm gains/biases (AdamW skips them)
   init_rule init = init_rule::normal;
   double init_std = 0.0;
+  // A linear layer's weight, kept as (in, out) for y = x W: files (export, --init-from) hold
+  // torch's (out, in) (zshard's param_options::file_transposed).
+  bool linear = false;
 
   int64_t numel() const noexcept {
     int64_t n = 1;
@@ -111,13 +114,16 @@ inline std::vector<module_desc> describe(const gpt_config& c) {
   const int64_t d = c.d_model, f = c.d_ff, v = c.vocab, t = c.seq_len;
 
   auto weight = [](std::string n, std::vector<int64_t> s, double std_dev) {
-    return param_desc{std::move(n), std::move(s), true, init_rule::normal, std_dev};
+    return param_desc{std::move(n), std::move(s), true, init_rule::normal, std_dev, false};
+  };
+  auto linear = [](std::string n, int64_t in, int64_t out, double std_dev) {
+    return param_desc{std::move(n), {in, out}, true, init_rule::normal, std_dev, true};
   };
   auto bias = [](std::string n, int64_t size) {
-    return param_desc{std::move(n), {size}, false, init_rule::zeros, 0.0};
+    return param_desc{std::move(n), {size}, false, init_rule::zeros, 0.0, false};
   };
   auto gain = [](std::string n, int64_t size) {
-    return param_desc{std::move(n), {size}, false, init_rule::ones, 0.0};
+    return param_desc{std::move(n), {size}, false, init_rule::ones, 0.0, false};
   };
 
   std::vector<module_desc> out;
@@ -129,23 +135,24 @@ inline std::vector<module_desc> describe(const gpt_config& c) {
     out.push_back(
         {m,
          {gain(m + ".ln1.gain", d), bias(m + ".ln1.bias", d),
-          weight(m + ".attn.qkv.weight", {d, 3 * d}, weight_std), bias(m + ".attn.qkv.bias", 3 * d),
-          weight(m + ".attn.proj.weight", {d, d}, residual_std), bias(m + ".attn.proj.bias", d),
+          linear(m + ".attn.qkv.weight", d, 3 * d, weight_std), bias(m + ".attn.qkv.bias", 3 * d),
+          linear(m + ".attn.proj.weight", d, d, residual_std), bias(m + ".attn.proj.bias", d),
           gain(m + ".ln2.gain", d), bias(m + ".ln2.bias", d),
-          weight(m + ".mlp.fc.weight", {d, f}, weight_std), bias(m + ".mlp.fc.bias", f),
-          weight(m + ".mlp.proj.weight", {f, d}, residual_std), bias(m + ".mlp.proj.bias", d)}});
+          linear(m + ".mlp.fc.weight", d, f, weight_std), bias(m + ".mlp.fc.bias", f),
+          linear(m + ".mlp.proj.weight", f, d, residual_std), bias(m + ".mlp.proj.bias", d)}});
   }
   // The LM head is untied from the token embedding so every parameter has one owner module.
   out.push_back({"head",
                  {gain("head.ln.gain", d), bias("head.ln.bias", d),
-                  weight("head.weight", {d, v}, weight_std)}});
+                  linear("head.weight", d, v, weight_std)}});
   out.push_back({"loss", {}});
   return out;
 }
 
 // Initial value of element `index` of parameter `p`: a pure function of (seed, p.name, index),
 // so any shard can initialise its slice alone and get the bits the full model would have.
-inline float init_value(const param_desc& p, int64_t index, uint64_t seed) {
+// name_hash: hash_string(p.name), which a caller filling many elements computes once.
+inline float init_value(const param_desc& p, uint64_t name_hash, int64_t index, uint64_t seed) {
   if (index < 0 || index >= p.numel())
     throw std::out_of_range("init_value: index " + std::to_string(index) + " outside " + p.name +
                             " (numel " + std::to_string(p.numel()) + ")");
@@ -157,8 +164,7 @@ inline float init_value(const param_desc& p, int64_t index, uint64_t seed) {
     case init_rule::normal:
       break;
   }
-  const uint64_t h =
-      hash_combine(hash_combine(seed, hash_string(p.name)), static_cast<uint64_t>(index));
+  const uint64_t h = hash_combine(hash_combine(seed, name_hash), static_cast<uint64_t>(index));
   // Irwin-Hall: four 16-bit uniforms summed, centred and scaled to unit variance. Normal
   // enough for init, bounded (|z| < 3.47), and exact arithmetic (no libm), so the bits are
   // identical on every platform.
@@ -166,6 +172,9 @@ inline float init_value(const param_desc& p, int64_t index, uint64_t seed) {
   for (int j = 0; j < 4; ++j) s += (static_cast<double>((h >> (16 * j)) & 0xffffU) + 0.5) / 65536.0;
   constexpr double sqrt3 = 1.7320508075688772;
   return static_cast<float>((s - 2.0) * sqrt3 * p.init_std);
+}
+inline float init_value(const param_desc& p, int64_t index, uint64_t seed) {
+  return init_value(p, hash_string(p.name), index, seed);
 }
 
 }  // namespace gpt

@@ -10,6 +10,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "zshard/comm/communicator.hpp"
 
@@ -60,47 +63,63 @@ class profile_timer {
 
 // A communicator that forwards to `inner` and adds each collective's wall time to `seconds`.
 // It takes the engine's collective tags and passes them on where `inner` checks them (threads,
-// MPI), so timing a run never weakens its cross-rank checks.
+// MPI), so timing a run never weakens its cross-rank checks. It splits as its inner
+// communicator does (hybrid sharding builds its groups with split()): the sub-group's
+// communicator is owned by the returned wrapper and timed into the same `seconds`.
 template <class Comm>
 class timed_comm {
  public:
   using zshard_tag = zshard::communicator_tag;
-  timed_comm(Comm& inner, double& seconds) : inner_(inner), seconds_(seconds) {}
+  timed_comm(Comm& inner, double& seconds) : inner_(&inner), seconds_(&seconds) {}
 
-  int rank() const { return inner_.rank(); }
-  int size() const { return inner_.size(); }
+  int rank() const { return inner_->rank(); }
+  int size() const { return inner_->size(); }
   void all_gather(const void* src, void* dst, std::size_t count, zshard::dtype t, zshard::comm_stream s = {},
                   const zshard::collective_tag& tag = {}) {
-    profile_timer timer(&seconds_);
-    zshard::tagged::all_gather(inner_, src, dst, count, t, s, tag);
+    profile_timer timer(seconds_);
+    zshard::tagged::all_gather(*inner_, src, dst, count, t, s, tag);
   }
   void reduce_scatter(const void* src, void* dst, std::size_t count, zshard::dtype t, zshard::reduce_op op,
                       zshard::comm_stream s = {}, const zshard::collective_tag& tag = {}) {
-    profile_timer timer(&seconds_);
-    zshard::tagged::reduce_scatter(inner_, src, dst, count, t, op, s, tag);
+    profile_timer timer(seconds_);
+    zshard::tagged::reduce_scatter(*inner_, src, dst, count, t, op, s, tag);
   }
   void all_reduce(const void* src, void* dst, std::size_t count, zshard::dtype t, zshard::reduce_op op,
                   zshard::comm_stream s = {}, const zshard::collective_tag& tag = {}) {
-    profile_timer timer(&seconds_);
-    zshard::tagged::all_reduce(inner_, src, dst, count, t, op, s, tag);
+    profile_timer timer(seconds_);
+    zshard::tagged::all_reduce(*inner_, src, dst, count, t, op, s, tag);
   }
   void broadcast(void* dst, std::size_t count, zshard::dtype t, int root, zshard::comm_stream s = {},
                  const zshard::collective_tag& tag = {}) {
-    profile_timer timer(&seconds_);
-    if constexpr (zshard::tags_collectives<Comm>)
-      inner_.broadcast(dst, count, t, root, s, tag);
-    else
-      inner_.broadcast(dst, count, t, root, s);
+    profile_timer timer(seconds_);
+    zshard::tagged::broadcast(*inner_, dst, count, t, root, s, tag);
   }
   void barrier(zshard::comm_stream s = {}) {
-    profile_timer timer(&seconds_);
-    inner_.barrier(s);
+    profile_timer timer(seconds_);
+    inner_->barrier(s);
   }
-  Comm& inner() { return inner_; }
+  // Sub-groups, as the inner communicator makes them (a collective over this communicator).
+  timed_comm split(int color, int key)
+    requires zshard::splittable<Comm>
+  {
+    profile_timer timer(seconds_);
+    return timed_comm(std::make_shared<Comm>(inner_->split(color, key)), *seconds_);
+  }
+  // Which ranks share a node (hybrid sharding checks its groups against them), where the inner
+  // communicator knows.
+  std::vector<int> node_ids()
+    requires requires(Comm& c) { c.node_ids(); }
+  {
+    return inner_->node_ids();
+  }
+  Comm& inner() { return *inner_; }
 
  private:
-  Comm& inner_;
-  double& seconds_;
+  timed_comm(std::shared_ptr<Comm> owned, double& seconds) : owned_(std::move(owned)), inner_(owned_.get()), seconds_(&seconds) {}
+
+  std::shared_ptr<Comm> owned_;  // a split's communicator; null when wrapping the caller's
+  Comm* inner_;
+  double* seconds_;
 };
 
 }  // namespace gpt

@@ -9,6 +9,7 @@
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/offload/host_adam.hpp"
 #include "zshard/plan/memory_plan.hpp"
+#include "zshard/plan/policy_options.hpp"
 #include "zshard/core/buffer.hpp"
 #include "zshard/core/dtype.hpp"
 #include "zshard/core/error.hpp"

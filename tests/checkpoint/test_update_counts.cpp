@@ -1,4 +1,4 @@
-// Per-parameter AdamW update counts in checkpoints (format version 2). A parameter without a
+// Per-parameter AdamW update counts in checkpoints (format version 2 and later). A parameter without a
 // gradient in a step is not updated and its count (its bias correction) lags the engine's
 // step; a resumed run must continue each parameter from its own count. The model: `a` has a
 // gradient every step, `b` none in steps 1 and 2 (2 elements: at world 3 rank 2 holds none of
@@ -131,8 +131,11 @@ result resumed(int save_world, int load_world, const std::string& dir) {
 nlohmann::json read_manifest(const std::string& dir) {
   return nlohmann::json::parse(ck::read_small_file(ck::resolve_checkpoint(dir) + "/manifest.json"));
 }
-void write_manifest(const std::string& dir, const nlohmann::json& j) {
-  ck::write_small_file(ck::resolve_checkpoint(dir) + "/manifest.json", j.dump(1));
+// Writes `j` as the manifest, sealed with its checksum as a save does (seal = false: as zshard
+// wrote it before format 3, without one).
+void write_manifest(const std::string& dir, nlohmann::json j, bool seal = true) {
+  j.erase(ck::manifest_checksum_key);
+  ck::write_small_file(ck::resolve_checkpoint(dir) + "/manifest.json", seal ? ck::seal_manifest(j.dump(1)) : j.dump(1));
 }
 
 template <class Policies>
@@ -199,12 +202,12 @@ TEST_CASE("update counts: the manifest holds them (format 2); a format 1 checkpo
     return false;
   });
   nlohmann::json j = read_manifest(dir.path());
-  CHECK(j["version"] == 2);
+  CHECK(j["version"] == 3);
   CHECK(j["update_counts"] == nlohmann::json::array({3, 1, 0, 0}));
   // what zshard wrote before format 2
   j["version"] = 1;
   j.erase("update_counts");
-  write_manifest(dir.path(), j);
+  write_manifest(dir.path(), j, false);
   std::mutex mu;
   std::vector<std::string> notes;
   const auto log = [&](const std::string& line) {
@@ -220,6 +223,7 @@ TEST_CASE("update counts: the manifest holds them (format 2); a format 1 checkpo
   CHECK(!old.restored);
   REQUIRE(notes.size() == 1);  // rank 0 says it once
   CHECK(notes[0].find("format version 1") != std::string::npos);
+  CHECK(notes[0].find("no checksum of its manifest") != std::string::npos);
   CHECK(notes[0].find("no per-parameter update counts") != std::string::npos);
   CHECK(notes[0].find("step 3") != std::string::npos);
   // b and c skipped steps before the save: the fallback is not exact on this model
@@ -257,9 +261,9 @@ TEST_CASE("update counts: damaged or mismatched counts are refused, naming the m
   e = damaged([](nlohmann::json& j) { j["update_counts"] = 3; });
   CHECK(e.find("\"update_counts\" is not an array") != std::string::npos);
   e = damaged([](nlohmann::json& j) { j.erase("update_counts"); });
-  CHECK(e.find("format version 2 without \"update_counts\"") != std::string::npos);
-  e = damaged([](nlohmann::json& j) { j["version"] = 3; });
-  CHECK(e.find("format version 3, this zshard reads 1 to 2") != std::string::npos);
+  CHECK(e.find("format version 3 without \"update_counts\"") != std::string::npos);
+  e = damaged([](nlohmann::json& j) { j["version"] = 4; });
+  CHECK(e.find("format version 4, this zshard reads 1 to 3") != std::string::npos);
   // the good manifest still loads, exactly; a chunk too small for one element is refused first
   write_manifest(dir.path(), good);
   on_skip_ranks<zshard::default_policies>(2, options(), [&](auto& eng, const skip_model&) {

@@ -102,6 +102,41 @@ TEST_CASE("thread_comm split: a failure on one rank aborts the other ranks' grou
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));  // not the 60 s timeout
 }
 
+// Issue 25 point 9: a rank whose run_ranks function returns is retired in every group it is in,
+// nested splits included, so a peer waiting for it in a group fails at once, naming it by its
+// rank in the world and in the group, as plain ranks of the world do.
+TEST_CASE("thread_comm split: a rank that returns early fails its groups' waiting ranks at once, naming it") {
+  for (bool nested : {false, true}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string msg;
+    try {
+      run_ranks(
+          4,
+          [&](thread_comm& comm) {
+            thread_comm pairs = comm.split(comm.rank() / 2, comm.rank());       // {0, 1}, {2, 3}
+            thread_comm across = comm.split(comm.rank() % 2, comm.rank());      // {0, 2}, {1, 3}
+            thread_comm inner = nested ? pairs.split(0, pairs.rank()) : pairs;  // the same pair, split again
+            float x = 1, y[2];
+            inner.all_gather(&x, y, 1, dtype::f32);
+            if (comm.rank() == 1) return;  // ends its run without its last collectives
+            if (comm.rank() == 0) inner.all_reduce(&x, &x, 1, dtype::f32, reduce_op::sum);   // waits for rank 1
+            if (comm.rank() == 3) across.all_reduce(&x, &x, 1, dtype::f32, reduce_op::sum);  // waits for rank 1
+            // rank 2 ends too: no collective of the whole world is left to catch rank 1's return
+          },
+          std::chrono::seconds(60));
+    } catch (const std::exception& e) {
+      msg = e.what();
+    }
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    INFO(msg);
+    MESSAGE("nested " << nested << ": the others failed after "
+                      << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms");
+    CHECK(msg.find("rank 1") != std::string::npos);
+    CHECK(msg.find("returned from its run_ranks function") != std::string::npos);
+    CHECK(waited < std::chrono::seconds(5));  // not the 60 s timeout
+  }
+}
+
 TEST_CASE("split errors: a negative color, and a rank that does not call split") {
   CHECK_THROWS_WITH_AS(run_ranks(2, [](thread_comm& c) { (void)c.split(c.rank() == 1 ? -1 : 0, 0); }),
                        doctest::Contains("rank 1 passed color -1"), error);

@@ -66,7 +66,15 @@ TEST_CASE("a 70B SFT ZeRO-3 + optimizer-offload config maps to the expected zsha
   CHECK(mentions(ds.notes, "zero_optimization.stage3_prefetch_bucket_size is \"auto\""));
   CHECK(mentions(ds.notes, "zero_optimization.stage3_param_persistence_threshold is \"auto\""));
   CHECK(mentions(ds.notes, "scheduler: no counterpart"));
-  CHECK(mentions(ds.notes, "train_batch_size: no counterpart"));
+  CHECK(mentions(ds.notes, "train_batch_size is \"auto\""));
+  CHECK_FALSE(ds.train_batch_size);
+  // which values the file set (a loop's own options say which they replace)
+  CHECK(ds.sets("optimizer.params.lr"));
+  CHECK(ds.sets("gradient_clipping"));
+  CHECK(ds.sets("bf16.enabled"));
+  CHECK(ds.sets("zero_optimization.reduce_bucket_size"));  // "auto" resolved by the Trainer's rule
+  CHECK_FALSE(ds.sets("train_batch_size"));                // "auto"
+  CHECK_FALSE(ds.sets("fp16.enabled"));                    // absent
   CHECK(mentions(ds.notes, "zero_optimization.sub_group_size: no counterpart"));
   CHECK_NOTHROW(c.validate());
 }
@@ -168,4 +176,83 @@ TEST_CASE("MiCS's mics_shard_size maps to hybrid sharding's shard group size") {
         0);
   CHECK_THROWS_WITH_AS(parse_deepspeed_config(R"({"zero_optimization": {"mics_shard_size": 0}})"),
                        doctest::Contains("zero_optimization.mics_shard_size"), zshard::error);
+}
+
+TEST_CASE("ZeRO-Infinity offload keys map to the tiers: parameters on the host, optimizer state on NVMe") {
+  const auto ds = parse_deepspeed_config(zero(R"(
+      "offload_param": {"device": "cpu", "pin_memory": true, "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e9},
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 6, "pin_memory": true,
+                            "pipeline_read": true, "pipeline_write": true})"));
+  CHECK(ds.offload_optimizer);
+  CHECK(ds.offload_param);
+  CHECK(ds.pin_memory);
+  CHECK(ds.engine.offload.params == offload_tier::host);
+  CHECK(ds.engine.offload.optimizer_state == offload_tier::nvme);
+  CHECK(ds.engine.offload.nvme_path == "/local_nvme");
+  CHECK(ds.engine.offload.nvme_buffer_count == 6);
+  CHECK(ds.engine.offload.pin_memory);
+  CHECK(mentions(ds.notes, "offload_param.buffer_count: no counterpart"));
+  CHECK(mentions(ds.notes, "offload_optimizer.pipeline_read: no counterpart"));
+  CHECK(ds.unknown_keys.empty());
+  // pageable host memory, DeepSpeed's aio threads, the optimizer in host memory
+  const auto cpu = parse_deepspeed_config(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "pin_memory": false}, "offload_param": {"device": "none"}},
+      "aio": {"thread_count": 3, "block_size": 1048576, "queue_depth": 8}})");
+  CHECK(cpu.offload_optimizer);
+  CHECK(!cpu.offload_param);
+  CHECK(!cpu.engine.offload.pin_memory);
+  CHECK(cpu.engine.offload.optimizer_state == offload_tier::host);
+  CHECK(cpu.engine.offload.params == offload_tier::device);
+  CHECK(cpu.engine.offload.nvme_io_threads == 3);
+  CHECK(mentions(cpu.notes, "aio.queue_depth: no counterpart"));
+}
+
+TEST_CASE("offload settings zshard cannot honour are refused by name") {
+  struct bad {
+    std::string text, names;
+  };
+  const bad cases[] = {
+      {zero(R"("offload_param": {"device": "nvme", "nvme_path": "/nvme"}, "offload_optimizer": {"device": "cpu"})"),
+       "zero_optimization.offload_param.device is \"nvme\": zshard keeps offloaded parameter shards in host memory"},
+      {zero(R"("offload_param": {"device": "cpu"})"),
+       "zero_optimization.offload_param.device is \"cpu\" while offload_optimizer.device is not"},
+      {zero(R"("offload_optimizer": {"device": "nvme"})"),
+       "zero_optimization.offload_optimizer.nvme_path is missing, and offload_optimizer.device is \"nvme\""},
+      {zero(R"("offload_optimizer": {"device": "nvme", "nvme_path": "/n", "buffer_count": 2})"),
+       "zero_optimization.offload_optimizer.buffer_count = 2 is out of range"},
+      {zero(R"("offload_optimizer": {"device": "cpu", "pin_memory": true},
+               "offload_param": {"device": "cpu", "pin_memory": false})"),
+       "offload_param.pin_memory = false differs from zero_optimization.offload_optimizer.pin_memory"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    const std::string what = config_error(c.text);
+    CHECK_MESSAGE(what.find(c.names) != std::string::npos, what);
+  }
+}
+
+TEST_CASE("train_batch_size is checked against ranks x micro-batch x accumulation, naming every number") {
+  const auto ds = parse_deepspeed_config(
+      R"({"zero_optimization": {"stage": 3}, "train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
+          "gradient_accumulation_steps": 2})",
+      {}, "ds.json");
+  REQUIRE(ds.train_batch_size == 32);
+  CHECK(ds.sets("train_batch_size"));
+  CHECK_NOTHROW(ds.check_batch_size(4, 4, 2));
+  CHECK(test_support::kind_of([&] { ds.check_batch_size(2, 4, 2); }) == error_kind::config);
+  const std::string e = test_support::message_of([&] { ds.check_batch_size(2, 4, 2); });
+  CHECK(e.find("ds.json: train_batch_size = 32 contradicts the run: 2 rank(s) x 4 sequence(s) per micro-batch x 2 "
+               "micro-batch(es) per step = 16") != std::string::npos);
+  CHECK(e.find("how to fix") != std::string::npos);
+  // no train_batch_size: nothing to contradict
+  CHECK_NOTHROW(parse_deepspeed_config(R"({"zero_optimization": {"stage": 3}})").check_batch_size(3, 5, 7));
+}
+
+TEST_CASE("a config without zero_optimization, or without its stage, says that zshard runs stage 3") {
+  const std::string said = "zshard runs ZeRO stage 3";
+  CHECK(mentions(parse_deepspeed_config(R"({"gradient_clipping": 1.0})").notes, "no zero_optimization section"));
+  CHECK(mentions(parse_deepspeed_config(R"({"gradient_clipping": 1.0})").notes, said));
+  CHECK(mentions(parse_deepspeed_config(R"({"zero_optimization": {"overlap_comm": true}})").notes,
+                 "zero_optimization has no stage"));
+  CHECK_FALSE(mentions(parse_deepspeed_config(R"({"zero_optimization": {"stage": 3}})").notes, said));
 }

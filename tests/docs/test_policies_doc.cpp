@@ -6,10 +6,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "../engine/toy_training.hpp"
+#include "zshard/offload/host_adam.hpp"
+#include "zshard/plan/phantom_run.hpp"
+#include "zshard/plan/plan_table.hpp"
+#include "zshard/plan/policy_options.hpp"
 
 namespace mine {
 using namespace zshard;
@@ -286,5 +291,52 @@ TEST_CASE("the five policies written from scratch in docs/POLICIES.md train like
     for (std::size_t p = 0; p < want.params.size(); ++p)
       for (std::size_t i = 0; i < want.params[p].size(); ++i)
         REQUIRE(got.params[p][i] == doctest::Approx(want.params[p][i]).epsilon(1e-5));
+  }
+}
+
+// Issue 26: the memory plan of a run with a Prefetcher the planner does not mirror. The
+// neighbour gathers ahead whatever prefetch_numel says (0 here: prefetch::trace would gather
+// nothing ahead), so a plan made as if the run used prefetch::trace falls below the run; planned
+// for these policies (plan_memory_for: the budget bound, plan/policy_options.hpp) it bounds it,
+// with the custom Partitioner's layouts and host_adam's host ledger.
+struct planned_policies : zshard::default_policies {
+  using partitioner = mine::line_aligned;
+  using prefetcher = mine::neighbour;
+  using offloader = zshard::offload::host_adam;
+};
+
+TEST_CASE("the plan for a custom Prefetcher and Partitioner with host_adam bounds their run") {
+  using namespace zshard;
+  using namespace zshard::plan;
+  static_assert(prefetch_policy_of<mine::neighbour>() == prefetch_policy::any);
+  static_assert(prefetch_policy_of<prefetch::trace>() == prefetch_policy::trace);
+  CHECK(options_for<planned_policies>().optimizer == optimizer_location::host);
+  toy::ids id;
+  const model_spec spec = toy::make_spec({.vocab = 13, .dim = 24, .layers = 4, .repeat_layer1 = true}, id);
+  engine_config cfg;
+  cfg.prefetch.prefetch_numel = 0;
+  cfg.partition.persistence_threshold_numel = 8;
+  cfg.log = [](const std::string&) {};
+  std::vector<segment> segments{{{id.embed}}};
+  for (module_id m : id.layer) segments.push_back({.modules = {m}, .kept_bytes = 96, .checkpointed = m == id.layer[1]});
+  segments.push_back({{id.head}});
+  const training_schedule schedule{{training_step(segments, 2)}};
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    const memory_plan plan = plan_memory_for<planned_policies>(spec, cfg, world, schedule);
+    const phantom_result run = run_phantom<planned_policies>(spec, cfg, world, schedule, 3);
+    std::ostringstream table;
+    print_plan(table, plan, &run.peak_step(), run.host ? &*run.host : nullptr);
+    INFO(table.str());
+    CHECK(run.peak() <= plan.device.total_peak);
+    for (std::size_t k = 0; k < mem_category_count; ++k)
+      CHECK(run.peak_step().peak(mem_category(k)) <= plan.device.peak[k]);
+    REQUIRE(run.host.has_value());
+    CHECK(run.host->total_peak() <= plan.host.total_peak);
+    // Planned as if the run used the default Prefetcher: below the run (the issue's finding).
+    const memory_plan as_trace =
+        plan_memory<mine::line_aligned>(spec, cfg, world, schedule, {.optimizer = optimizer_location::host});
+    CHECK(as_trace.device.total_peak < run.peak());
+    MESSAGE("world " << world << ": run " << run.peak() << ", plan " << plan.device.total_peak << ", as trace " << as_trace.device.total_peak);
   }
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct plan {
   // Before step s's first forward: (parameter name, trainable) and (group, lr) changes.
   std::multimap<int, std::pair<std::string, bool>> trainable_at;
   std::multimap<int, std::pair<std::string, float>> lr_at;
+  // Before step s, before its trainability changes: (parameter name, full value) that the last
+  // rank writes with write_param (frozen or not; the reference takes it as the master).
+  std::multimap<int, std::pair<std::string, std::vector<float>>> value_at;
   bool no_sync = false;                    // gradient sync on the last micro-batch of a step only
   std::vector<std::string> keep_gathered;  // modules kept gathered from forward to backward
   std::vector<std::string> frozen_at_start;
@@ -79,6 +83,12 @@ void run_micro_batch(Engine& eng, const toy::config& mc, const ids& id, const ba
 // The schedule's changes before step s, on this rank's engine.
 template <class Engine>
 void apply_changes(Engine& eng, const plan& pl, int s) {
+  const int writer = eng.world_comm().size() - 1;
+  for (auto [it, end] = pl.value_at.equal_range(s); it != end; ++it)
+    eng.write_param(
+        eng.spec().param_by_name(it->second.first),
+        eng.world_comm().rank() == writer ? std::span<const float>(it->second.second) : std::span<const float>{},
+        writer);
   for (auto [it, end] = pl.trainable_at.equal_range(s); it != end; ++it)
     eng.set_trainable(eng.spec().param_by_name(it->second.first), it->second.second);
   for (auto [it, end] = pl.lr_at.equal_range(s); it != end; ++it) eng.set_lr(it->second.first, it->second.second);
@@ -175,6 +185,10 @@ inline toy::train_result train_reference(const plan& pl, reference_model r) {
   std::int64_t t = 0;
   toy::train_result result;
   for (int step = 0; step < o.steps; ++step) {
+    for (auto [it, end] = pl.value_at.equal_range(step); it != end; ++it) {
+      auto& x = r.master[spec.param_by_name(it->second.first)];
+      x.assign(it->second.second.begin(), it->second.second.end());  // m, v and the update count stay
+    }
     for (auto [it, end] = pl.trainable_at.equal_range(step); it != end; ++it)
       r.trainable[spec.param_by_name(it->second.first)] = it->second.second;
     for (auto [it, end] = pl.lr_at.equal_range(step); it != end; ++it)

@@ -5,6 +5,7 @@
 // construction on every rank with a clear message.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <mutex>
@@ -164,6 +165,57 @@ TEST_CASE("hybrid: bad layouts fail at construction on every rank, naming the pr
   }
 }
 
+namespace {
+// A communicator type without split() (a wrapper that does not forward it): the engine cannot
+// build hybrid groups on it.
+struct no_split_comm {
+  using zshard_tag = zshard::communicator_tag;
+  zshard::thread_comm* inner;
+  int rank() const { return inner->rank(); }
+  int size() const { return inner->size(); }
+  void all_gather(const void* s, void* d, std::size_t n, zshard::dtype t, zshard::comm_stream cs = {}) {
+    inner->all_gather(s, d, n, t, cs);
+  }
+  void reduce_scatter(const void* s, void* d, std::size_t n, zshard::dtype t, zshard::reduce_op op,
+                      zshard::comm_stream cs = {}) {
+    inner->reduce_scatter(s, d, n, t, op, cs);
+  }
+  void all_reduce(const void* s, void* d, std::size_t n, zshard::dtype t, zshard::reduce_op op,
+                  zshard::comm_stream cs = {}) {
+    inner->all_reduce(s, d, n, t, op, cs);
+  }
+  void broadcast(void* d, std::size_t n, zshard::dtype t, int root, zshard::comm_stream cs = {}) {
+    inner->broadcast(d, n, t, root, cs);
+  }
+  void barrier(zshard::comm_stream cs = {}) { inner->barrier(cs); }
+};
+}  // namespace
+
+TEST_CASE("hybrid on a communicator type without split(): a configuration error saying what the type lacks") {
+  std::mutex mu;
+  std::vector<std::string> msgs;
+  zshard::run_ranks(4, [&](zshard::thread_comm& comm) {
+    no_split_comm c{&comm};
+    zshard::host_backend backend;
+    zshard::engine_config cfg;
+    cfg.hybrid.shard_group_size = 2;
+    toy::ids id;
+    try {
+      zshard::engine<zshard::host_backend, no_split_comm> eng(backend, c, toy::make_spec({}, id), cfg);
+    } catch (const zshard::error& e) {
+      CHECK(e.kind() == zshard::error_kind::config);
+      std::lock_guard lock(mu);
+      msgs.push_back(e.what());
+    }
+  });
+  REQUIRE(msgs.size() == 4);
+  for (const auto& m : msgs) {
+    CHECK(m.find("hybrid sharding (hybrid.shard_group_size = 2) needs split(color, key) on the engine's communicator "
+                 "type, and this type has none") != std::string::npos);
+    CHECK(m.find("a wrapper: wrap the inner communicator's split") != std::string::npos);
+  }
+}
+
 TEST_CASE("hybrid on the null communicator: the layout splits without peers, gathers stay in the group") {
   toy::ids id;
   const auto spec = toy::make_spec({.vocab = 64, .dim = 32, .layers = 2, .repeat_layer1 = false}, id);
@@ -199,4 +251,39 @@ TEST_CASE("hybrid with a second communicator for reductions: the same bits") {
   const auto o = options(8, 1);
   const auto one = train_hybrid(o, 4), two = train_hybrid(o, 4, true);  // 2 x 4
   CHECK(one.every_rank == two.every_rank);
+}
+
+// Issue 25 point 9: under hybrid sharding most collectives run in a shard group or a replica
+// group; a rank that returns early must stop the others there at once, as plain ZeRO-3 does, not
+// after the 60 s collective timeout.
+TEST_CASE("hybrid 2 x 2: a rank that returns early fails the others at once, naming it") {
+  auto o = toy::base_options(4);
+  o.engine.hybrid.shard_group_size = 2;
+  for (int early : {1, 2}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string msg;
+    try {
+      zshard::run_ranks(4, [&](zshard::thread_comm& comm) {  // the default 60 s collective timeout
+        toy::ids id;
+        zshard::host_backend backend;
+        zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, toy::make_spec(o.model, id),
+                                                                      o.engine);
+        for (int step = 0; step < 2; ++step) {
+          if (step == 1 && comm.rank() == early) return;  // ends its run before the second step
+          const auto global = toy::make_batch(o.model.vocab, std::uint64_t(step), 4 * o.rows);
+          toy::run_checkpointed_micro_batch(eng, o.model, id, toy::slice(global, comm.rank() * o.rows, o.rows));
+          eng.step();
+        }
+      });
+    } catch (const zshard::error& e) {
+      msg = e.what();
+    }
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    INFO(msg);
+    MESSAGE("rank " << early << " returned early: the others failed after "
+                    << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms");
+    CHECK(msg.find("rank " + std::to_string(early) + " ") != std::string::npos);
+    CHECK(msg.find("returned from its run_ranks function") != std::string::npos);
+    CHECK(waited < std::chrono::seconds(5));
+  }
 }

@@ -4,7 +4,10 @@
 // parameters that are sharded unevenly and replicated, and with bad calls failing on every rank.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -186,6 +189,112 @@ TEST_CASE("state access: bad calls fail on every rank alike, none hangs") {
     // the engine is still usable after all of that
     CHECK(eng.gather_param(id.E).size() == eng.spec().param(id.E).numel());
   });
+}
+
+// Issue 25 point 10: moments that would turn the parameter into NaN at the next step (a negative
+// or non-finite v, a non-finite m) are refused on every rank before anything changes.
+TEST_CASE("write_optimizer_state refuses a negative or non-finite v and a non-finite m, on every rank") {
+  run_ranks(2, [](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec({}, id), {});
+    const std::size_t n = eng.spec().param(id.W[0]).numel();
+    const bool writer = comm.rank() == 1;
+    auto write = [&](state_field f, const std::vector<float>& x) {
+      eng.write_optimizer_state(id.W[0], f, writer ? std::span<const float>(x) : std::span<const float>{}, 1);
+    };
+    std::vector<float> good(n, 0.01f);
+    good[3] = -0.0f;  // a zero of either sign is a valid second moment
+    good[4] = 0.0f;
+    write(state_field::v, good);
+    std::vector<float> m(n, -0.02f);  // a first moment may be negative
+    write(state_field::m, m);
+    struct bad_case {
+      state_field f;
+      float x;
+      const char* text;
+    };
+    const bad_case cases[] = {
+        {state_field::v, -1e-3f,
+         "a v for 'W0' whose element #5 is -0.001: a second moment must be finite and not negative"},
+        {state_field::v, NAN, "a v for 'W0' whose element #5 is nan: a second moment must be finite and not negative"},
+        {state_field::v, INFINITY,
+         "a v for 'W0' whose element #5 is inf: a second moment must be finite and not negative"},
+        {state_field::m, NAN, "an m for 'W0' whose element #5 is nan: a first moment must be finite"},
+        {state_field::m, -INFINITY, "an m for 'W0' whose element #5 is -inf: a first moment must be finite"},
+    };
+    for (const auto& c : cases) {
+      std::vector<float> x = c.f == state_field::v ? good : m;
+      x[5] = c.x;
+      x[7] = c.x;  // the first bad element is named
+      const std::string msg = message_of([&] { write(c.f, x); });
+      INFO(msg);
+      CHECK(msg.find("write_optimizer_state(): rank 1 (the writer) passed ") != std::string::npos);
+      CHECK(msg.find(c.text) != std::string::npos);
+      CHECK(kind_of([&] { write(c.f, x); }) == error_kind::usage);
+    }
+    // nothing changed, and the engine goes on
+    const auto v = eng.gather_optimizer_state(id.W[0], state_field::v);
+    CHECK(std::equal(v.begin(), v.end(), good.begin(), [](float a, float b) {
+      return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+    }));
+    CHECK(eng.gather_optimizer_state(id.W[0], state_field::m) == m);
+  });
+}
+
+namespace {
+// Issue 25 point 8: element ranges near SIZE_MAX wrapped in the checks (offset + n <= shard_numel)
+// and reached the heap. Every range is checked without wrapping, by the engine and by each
+// Offloader's own state access behind it.
+template <class Policies>
+void shard_ranges_never_wrap() {
+  run_ranks(2, [](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine<host_backend, thread_comm, Policies> eng(backend, comm, toy::make_spec({}, id), toy::base_options(2).engine);
+    auto& off = const_cast<typename decltype(eng)::offloader_type&>(eng.offloader());
+    constexpr std::size_t max = SIZE_MAX;
+    for (param_id p : {id.W[0], id.b[0]}) {  // sharded, replicated
+      const std::size_t n = eng.layout(p).shard_numel;
+      REQUIRE(n >= 2);
+      std::vector<float> buf(n, 1.0f);
+      struct range {
+        std::size_t offset, count;
+        bool ok;
+      };
+      const range ranges[] = {{max, 4, false}, {max - 1, 4, false}, {max - 3, 4, false}, {max, 1, false},
+                              {max, 0, false}, {1, max, false},     {0, max, false},     {max, max, false},
+                              {n, 1, false},   {n + 1, 0, false},   {n - 1, 2, false},   {0, n + 1, false},
+                              {n, 0, true},    {0, n, true},        {n - 1, 1, true},    {0, 0, true}};
+      for (state_field f : {state_field::working, state_field::master, state_field::m, state_field::v}) {
+        for (const range& r : ranges) {
+          INFO(eng.spec().param(p).name << " " << to_string(f) << " offset " << r.offset << " count " << r.count);
+          if (r.ok) {
+            CHECK_NOTHROW(eng.read_shard(p, f, r.offset, buf.data(), r.count));
+            CHECK_NOTHROW(eng.write_shard(p, f, r.offset, buf.data(), r.count));
+            if (f != state_field::working) {
+              CHECK_NOTHROW(off.read_state(p, f, r.offset, buf.data(), r.count));
+              CHECK_NOTHROW(off.write_state(p, f, r.offset, buf.data(), r.count));
+            }
+            continue;
+          }
+          const std::string msg = message_of([&] { eng.read_shard(p, f, r.offset, buf.data(), r.count); });
+          CHECK(msg.find("whose shard has " + std::to_string(n)) != std::string::npos);
+          CHECK(kind_of([&] { eng.write_shard(p, f, r.offset, buf.data(), r.count); }) == error_kind::usage);
+          if (f != state_field::working) {
+            CHECK(kind_of([&] { off.read_state(p, f, r.offset, buf.data(), r.count); }) == error_kind::usage);
+            CHECK(kind_of([&] { off.write_state(p, f, r.offset, buf.data(), r.count); }) == error_kind::usage);
+          }
+        }
+      }
+    }
+  });
+}
+}  // namespace
+
+TEST_CASE("state access: element ranges near SIZE_MAX are refused, never wrapped (read_shard, write_shard)") {
+  shard_ranges_never_wrap<default_policies>();
+  shard_ranges_never_wrap<host_offload>();
 }
 
 TEST_CASE("state access under hybrid sharding: a rank of any shard group writes, every group takes the value") {

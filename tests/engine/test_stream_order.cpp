@@ -125,6 +125,7 @@ struct outcome {
   std::vector<std::vector<float>> params;  // rank 0's gathered values
   std::vector<std::string> violations;     // every rank's
   std::size_t checked_accesses = 0;        // summed over ranks
+  std::size_t gathered_allocations = 0, gathered_cross_frees = 0, grad_cross_frees = 0;  // summed over ranks
 };
 
 template <class Policies>
@@ -150,6 +151,9 @@ outcome run_checked(const program& p, const scenario& sc, int steps) {
     for (const auto& v : backend.violations())
       out.violations.push_back("rank " + std::to_string(inner.rank()) + ": " + v);
     out.checked_accesses += backend.checked_accesses();
+    out.gathered_allocations += backend.allocations(mem_category::gathered_params);
+    out.gathered_cross_frees += backend.cross_stream_frees(mem_category::gathered_params);
+    out.grad_cross_frees += backend.cross_stream_frees(mem_category::grad_buckets);
   });
   return out;
 }
@@ -360,4 +364,21 @@ TEST_CASE("overlap: a scope waits for its own parameters' gathers, not for gathe
     for (const auto& v : backend.violations()) MESSAGE(v);
     CHECK(backend.violations().empty());
   });
+}
+
+TEST_CASE("overlap: gathered parameters are allocated and freed in the compute stream's order") {
+  // A stream-ordered pool reuses a block at once for the stream that freed it; gathered buffers
+  // allocated on the gather stream and freed on compute made the CUDA pool hold 20-27% more than
+  // the ledger (issue 24). Allocated on compute, the gather stream waits for that point, and
+  // every access stays ordered (the race detector) under prefetch and evictions.
+  for (bool tight : {false, true}) {
+    const scenario sc{.world = 2, .tight_budget = tight, .bucket_numel = 1'000'000};
+    const outcome o = run_checked<default_policies>(make_program(7300), sc, 3);
+    INFO("tight budget: " << tight);
+    for (const auto& v : o.violations) MESSAGE(v);
+    CHECK(o.violations.empty());
+    CHECK(o.gathered_allocations > 20);
+    CHECK(o.gathered_cross_frees == 0);
+    CHECK(o.grad_cross_frees > 0);  // full gradients: allocated on compute, freed where they were reduced
+  }
 }

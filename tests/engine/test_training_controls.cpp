@@ -6,11 +6,15 @@
 
 #include <cmath>
 #include <map>
+#include <mutex>
+#include <span>
 #include <string>
 
+#include "../checkpoint/test_dir.hpp"
 #include "../support/error_capture.hpp"
 #include "../support/policies.hpp"
 #include "feature_training.hpp"
+#include "zshard/checkpoint/checkpoint.hpp"
 #include "zshard/testing/invariants.hpp"
 
 using namespace zshard;
@@ -123,6 +127,43 @@ TEST_CASE("ranks with different parameter groups or norm types are refused at co
             .find("ranks disagree on clip_norm_type") != std::string::npos);
 }
 
+// Issue 25 point 10: a learning rate set on some ranks only would train one parameter's shards at
+// two rates. The step's one exchange carries the rates' hash: every rank fails, naming the group
+// and each rank's rate, before anything is applied.
+TEST_CASE("set_lr on one rank only fails the next step on every rank, naming the group and the rates") {
+  std::vector<std::string> messages(3);
+  std::vector<error_kind> kinds(3, error_kind::invariant);
+  const feat::plan pl = grouped_plan();
+  run_ranks(3, [&](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec(pl.base.model, id), pl.base.engine);
+    const auto global = toy::make_batch(pl.base.model.vocab, 0, 3 * pl.base.rows);
+    auto micro_batch = [&] {
+      feat::run_micro_batch(eng, pl.base.model, id, toy::slice(global, comm.rank() * pl.base.rows, pl.base.rows));
+    };
+    eng.set_lr("embeddings", 2e-2f);  // on every rank: fine
+    micro_batch();
+    eng.step();
+    if (comm.rank() == 1) eng.set_lr("late_layers", 4e-3f);
+    if (comm.rank() == 2) eng.set_lr(2.5e-3f);  // every group
+    micro_batch();
+    const std::size_t r = std::size_t(comm.rank());
+    messages[r] = message_of([&] { eng.step(); });
+    kinds[r] = kind_of([&] { eng.step(); });  // the engine stays failed
+  });
+  for (int r = 0; r < 3; ++r) {
+    const std::string& m = messages[std::size_t(r)];
+    INFO("rank " << r << ": " << m);
+    CHECK(kinds[std::size_t(r)] == error_kind::usage);
+    CHECK(m.find("ranks disagree on the learning rates at step 2") != std::string::npos);
+    CHECK(m.find("group 'default': rank 0 has 0.01, rank 1 has 0.01, rank 2 has 0.0025") != std::string::npos);
+    CHECK(m.find("group 'embeddings': rank 0 has 0.02, rank 1 has 0.02, rank 2 has 0.0025") != std::string::npos);
+    CHECK(m.find("group 'late_layers': rank 0 has 0.005, rank 1 has 0.004, rank 2 has 0.0025") != std::string::npos);
+    CHECK(m.find("set_lr") != std::string::npos);  // the hint names the call
+  }
+}
+
 namespace {
 // Counts every collective by its use (collective_tag::use), forwarding to thread_comm.
 struct use_counting_comm {
@@ -210,6 +251,156 @@ TEST_CASE("freezing and unfreezing between steps: state kept when frozen, create
   pl.trainable_at.insert({4, {"E", true}});
   pl.trainable_at.insert({5, {"b0", false}});  // replicated (persistence threshold)
   check_both_offloaders(pl, "freeze/unfreeze");
+}
+
+namespace {
+// A full value for parameter `name` of the toy model, away from its initial value.
+std::vector<float> new_value(const std::string& name, float scale) {
+  toy::ids id;
+  const auto spec = toy::make_spec({}, id);
+  std::vector<float> v(spec.param(spec.param_by_name(name)).numel());
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = scale * float(int(i % 5) - 2);
+  return v;
+}
+}  // namespace
+
+// Issue 25 point 7: a value written while a parameter is frozen is where it trains from once
+// unfrozen (its master follows the working value; m, v and the update count are kept).
+TEST_CASE("unfreezing after write_param trains from the written value, not a stale master") {
+  feat::plan pl = grouped_plan();
+  pl.base.steps = 5;
+  pl.trainable_at.insert({1, {"W1", false}});  // trained once: its state exists and is kept while frozen
+  pl.value_at.insert({2, {"W1", new_value("W1", 0.3f)}});
+  pl.trainable_at.insert({2, {"W1", true}});   // written, then unfrozen before the same step
+  pl.trainable_at.insert({1, {"b0", false}});  // replicated; written while frozen, frozen for one more step
+  pl.value_at.insert({2, {"b0", new_value("b0", 0.05f)}});
+  pl.trainable_at.insert({3, {"b0", true}});
+  pl.frozen_at_start = {"W2"};  // frozen since registration (no state yet), written, then unfrozen
+  pl.value_at.insert({1, {"W2", new_value("W2", -0.2f)}});
+  pl.trainable_at.insert({3, {"W2", true}});
+  pl.value_at.insert({3, {"W0", new_value("W0", 0.1f)}});  // trainable: master and working written together
+  check_both_offloaders(pl, "write while frozen, then unfreeze");
+}
+
+// The master follows the working value only where that was written: with bf16 working values a
+// freeze and unfreeze without a write keeps the f32 master bit for bit (not its bf16 rounding).
+TEST_CASE("unfreezing keeps an f32 master where the working value was not written (bf16 working values)") {
+  run_ranks(2, [](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine_config cfg = toy::base_options(2).engine;
+    cfg.param_dtype = dtype::bf16;
+    engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec({}, id), cfg);
+    const auto global = toy::make_batch(13, 0, 2 * 3);
+    feat::run_micro_batch(eng, toy::config{}, id, toy::slice(global, comm.rank() * 3, 3));
+    eng.step();
+    const auto master = eng.gather_optimizer_state(id.W[1], state_field::master);
+    const auto working = eng.gather_param(id.W[1]);
+    CHECK(master != working);  // the master has bits the bf16 working value lacks
+    eng.set_trainable(id.W[1], false);
+    eng.set_trainable(id.W[1], true);
+    CHECK(eng.gather_optimizer_state(id.W[1], state_field::master) == master);
+    // written while frozen: there, and only there, the master takes the written (bf16) value
+    eng.set_trainable(id.W[1], false);
+    std::vector<float> w = working;
+    w[0] = 0.25f;
+    w[9] = -1.5f;
+    eng.write_param(id.W[1], comm.rank() == 0 ? std::span<const float>(w) : std::span<const float>{}, 0);
+    eng.set_trainable(id.W[1], true);
+    std::vector<float> want = master;
+    want[0] = 0.25f;
+    want[9] = -1.5f;
+    CHECK(eng.gather_optimizer_state(id.W[1], state_field::master) == want);
+  });
+}
+
+namespace {
+// A saves a checkpoint where W1 (frozen since registration in A) holds a written value; B, whose
+// W1 was trainable at construction (state from the initial value), freezes it to load (the
+// checkpoint says frozen), unfreezes it and trains: from the loaded value, as the float64
+// reference does from A's state.
+template <class Policies>
+void unfreeze_after_load() {
+  feat::plan pl = grouped_plan();
+  pl.base.world = 3;
+  pl.base.steps = 2;
+  pl.base.engine.offload.host_threads = 2;
+  const auto& o = pl.base;
+  const std::vector<float> W1 = new_value("W1", 0.3f);
+  ckpt_test::temp_dir dir;
+  std::string saved;
+  std::vector<std::vector<float>> a_value, a_m, a_v;
+  std::vector<std::int64_t> a_counts;
+  std::mutex mu;
+  run_ranks(2, [&](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    auto spec = toy::make_spec(o.model, id);
+    spec.set_trainable(id.W[1], false);
+    engine<host_backend, thread_comm, Policies> eng(backend, comm, std::move(spec), o.engine);
+    eng.write_param(id.W[1], comm.rank() == 0 ? std::span<const float>(W1) : std::span<const float>{}, 0);
+    const auto global = toy::make_batch(o.model.vocab, 7, 2 * o.rows);
+    feat::run_micro_batch(eng, o.model, id, toy::slice(global, comm.rank() * o.rows, o.rows));
+    eng.step();
+    const auto s = checkpoint::save(eng, dir.path());
+    std::vector<std::vector<float>> value, m, v;
+    for (param_id p = 0; p < eng.spec().params().size(); ++p) {
+      value.push_back(eng.gather_param(p));
+      const bool t = eng.spec().param(p).trainable;
+      m.push_back(t ? eng.gather_optimizer_state(p, state_field::m) : std::vector<float>{});
+      v.push_back(t ? eng.gather_optimizer_state(p, state_field::v) : std::vector<float>{});
+    }
+    if (comm.rank() == 0) {
+      std::lock_guard lock(mu);
+      saved = s.path;
+      a_value = value;
+      a_m = m;
+      a_v = v;
+      a_counts = eng.update_counts();
+    }
+  });
+  toy::train_result got;
+  run_ranks(o.world, [&](thread_comm& comm) {
+    toy::ids id;
+    host_backend backend;
+    engine<host_backend, thread_comm, Policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
+    eng.set_trainable(id.W[1], false);
+    checkpoint::load(eng, saved);
+    eng.set_trainable(id.W[1], true);
+    std::vector<step_report> reports;
+    for (int step = 0; step < o.steps; ++step) {
+      const auto global = toy::make_batch(o.model.vocab, std::uint64_t(step), o.world * o.rows);
+      feat::run_micro_batch(eng, o.model, id, toy::slice(global, comm.rank() * o.rows, o.rows));
+      reports.push_back(eng.step());
+    }
+    std::vector<std::vector<float>> params;
+    for (param_id p = 0; p < eng.spec().params().size(); ++p) params.push_back(eng.gather_param(p));
+    if (comm.rank() == 0) {
+      std::lock_guard lock(mu);
+      got.params = params;
+      got.reports = reports;
+    }
+  });
+  // the reference continues from A's state: W1's loaded value with zero moments and no update yet
+  toy::ids id;
+  const auto spec = feat::make_spec(pl, id);
+  feat::reference_model r = feat::reference_init(pl, spec);
+  for (std::size_t p = 0; p < r.master.size(); ++p) {
+    r.master[p].assign(a_value[p].begin(), a_value[p].end());
+    if (!a_m[p].empty()) r.m[p].assign(a_m[p].begin(), a_m[p].end());
+    if (!a_v[p].empty()) r.v[p].assign(a_v[p].begin(), a_v[p].end());
+    r.updates[p] = a_counts[p];
+  }
+  REQUIRE(a_counts[id.W[1]] == 0);
+  auto want = feat::train_reference(pl, r);
+  for (std::size_t s = 0; s < want.reports.size(); ++s) want.reports[s].step += 1;  // B resumed at step 1
+  toy::check_equal(got, want, dtype::f32, "unfreeze after a load");
+}
+}  // namespace
+
+TEST_CASE("unfreezing after a checkpoint load trains from the loaded value, not a stale master") {
+  unfreeze_after_load<default_policies>();
+  unfreeze_after_load<host_offload>();
 }
 
 TEST_CASE("set_trainable: between steps only, on every rank alike, and the gradient goes away") {

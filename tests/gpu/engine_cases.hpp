@@ -91,6 +91,30 @@ TEST_CASE("engine on GPUs with the host Offloader (optimizer state in pinned hos
   }
 }
 
+TEST_CASE("engine on GPUs with parameters in pinned host memory (uploads on the copy stream) and state on NVMe") {
+  struct host_offload : zshard::default_policies {
+    using offloader = zshard::offload::host_adam;
+  };
+  for (int world : engine_cases::worlds()) {
+    for (bool nvme : {false, true}) {
+      auto o = engine_cases::base(world);
+      o.engine.param_dtype = dtype::bf16;
+      o.micro_batches = 2;
+      o.engine.offload.params = zshard::offload_tier::host;  // cudaMemcpyAsync from pinned memory per gather
+      if (nvme) {
+        o.engine.offload.optimizer_state = zshard::offload_tier::nvme;
+        o.engine.offload.nvme_path = std::filesystem::temp_directory_path().string();
+        o.engine.offload.nvme_chunk_numel = 1024;
+        o.engine.offload.nvme_buffer_count = 3;
+      }
+      engine_cases::check_equal(gpu_test::train_on_gpus<host_offload>(o, zshard::nccl_completion::enqueue),
+                                toy::train_reference(o), dtype::bf16,
+                                std::string("parameters offloaded") + (nvme ? ", state on NVMe" : "") + ", world " +
+                                    std::to_string(world));
+    }
+  }
+}
+
 TEST_CASE("engine on GPUs: hybrid sharding (replicas x shard group, ncclCommSplit) equals the reference") {
   const int n = std::min(gpu_test::device_count(), 8);
   if (n < 2) return;  // one GPU: no replicas

@@ -10,6 +10,7 @@
 
 #include <bit>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "gpu_support.hpp"
@@ -52,12 +53,13 @@ std::vector<std::uint32_t> bits_of(const std::vector<T>& v) {
   return out;
 }
 
-// Casts src (on the device, from an unaligned pointer) to D and compares bits with the host.
+// Casts src (on the device, aligned for vector loads or not) to D and compares bits with the host.
 template <class S, class D>
-void check_cast(zshard::cuda_backend& b, const std::vector<S>& src) {
-  INFO(zshard::to_string(zshard::dtype_of<S>) << " -> " << zshard::to_string(zshard::dtype_of<D>));
-  gpu_test::device_array<S> in(b, src, 1);
-  gpu_test::device_array<D> out(b, std::vector<D>(src.size()), 1);
+void check_cast(zshard::cuda_backend& b, const std::vector<S>& src, std::size_t offset) {
+  INFO(zshard::to_string(zshard::dtype_of<S>) << " -> " << zshard::to_string(zshard::dtype_of<D>) << ", offset "
+                                               << offset);
+  gpu_test::device_array<S> in(b, src, offset);
+  gpu_test::device_array<D> out(b, std::vector<D>(src.size()), offset);
   b.convert(in.ptr, zshard::dtype_of<S>, out.ptr, zshard::dtype_of<D>, src.size(), b.make_stream());
   std::vector<D> want(src.size());
   zshard::convert(src.data(), zshard::dtype_of<S>, want.data(), zshard::dtype_of<D>, src.size());
@@ -150,16 +152,19 @@ TEST_SUITE("host_side") {
 // ---- kernels vs the host reference ------------------------------------------------------------
 TEST_CASE("casts between f32, bf16 and f16 match core/dtype.hpp bit for bit (NaN payloads, subnormals, ties)") {
   zshard::cuda_backend b;
-  const auto f = special_floats();
-  check_cast<float, zshard::bf16>(b, f);
-  check_cast<float, zshard::f16>(b, f);
+  auto f = special_floats();
+  f.push_back(1.0f);  // a length that is not a multiple of 4: the vector path's scalar tail
   const auto bf = all_16bit_patterns<zshard::bf16>();
   const auto hf = all_16bit_patterns<zshard::f16>();
-  check_cast<zshard::bf16, float>(b, bf);
-  check_cast<zshard::f16, float>(b, hf);
-  check_cast<zshard::bf16, zshard::f16>(b, bf);
-  check_cast<zshard::f16, zshard::bf16>(b, hf);
-  check_cast<float, float>(b, f);
+  for (std::size_t offset : {0, 1}) {  // 0: four elements per vector load and store; 1: the scalar path
+    check_cast<float, zshard::bf16>(b, f, offset);
+    check_cast<float, zshard::f16>(b, f, offset);
+    check_cast<zshard::bf16, float>(b, bf, offset);
+    check_cast<zshard::f16, float>(b, hf, offset);
+    check_cast<zshard::bf16, zshard::f16>(b, bf, offset);
+    check_cast<zshard::f16, zshard::bf16>(b, hf, offset);
+    check_cast<float, float>(b, f, offset);
+  }
   CHECK(b.ledger().total_current() == 0);
 }
 
@@ -253,6 +258,64 @@ TEST_CASE("add_into, fill, scale_and_check, sum of squares and max |x| against t
   CHECK(b.ledger().peak(mem_category::scratch) > 0);  // CUB's temp storage went through the ledger
 }
 
+TEST_CASE("batched AdamW and sums of squares equal the single-tensor kernels bit for bit, across launches") {
+  zshard::cuda_backend b;
+  auto s = b.make_stream();
+  struct tensor {
+    std::vector<float> master, m, v, grad;
+    std::size_t offset;
+    int working;  // -1: none, else a dtype
+  };
+  std::vector<tensor> ts;
+  const std::size_t sizes[] = {1, 3, 4, 5, 1031, 4096, 200'003};
+  for (int i = 0; i < 30; ++i) {  // more than one launch's worth (multi_tensor_max)
+    const std::size_t n = sizes[std::size_t(i) % 7];
+    const auto seed = unsigned(100 + 4 * i);
+    ts.push_back({random_floats(n, -1, 1, seed), random_floats(n, -0.1f, 0.1f, seed + 1), random_floats(n, 0, 0.01f, seed + 2),
+                  random_floats(n, -2, 2, seed + 3), std::size_t(i % 3 == 0), (i / 3) % 4 - 1});
+  }
+  const auto step = zshard::optim::make_adamw_step({.lr = 1e-2f, .weight_decay = 0.1f}, 3, 0.7f, true);
+  using arr = gpu_test::device_array<float>;
+  std::vector<arr> a_master, a_m, a_v, a_grad, a_out, r_master, r_m, r_v, r_out;
+  std::vector<zshard::adamw_task> tasks;
+  for (const auto& t : ts) {
+    a_master.emplace_back(b, t.master, t.offset), a_m.emplace_back(b, t.m, t.offset), a_v.emplace_back(b, t.v, t.offset);
+    a_grad.emplace_back(b, t.grad, t.offset), a_out.emplace_back(b, std::vector<float>(t.master.size()), t.offset);
+    r_master.emplace_back(b, t.master, t.offset), r_m.emplace_back(b, t.m, t.offset), r_v.emplace_back(b, t.v, t.offset);
+    r_out.emplace_back(b, std::vector<float>(t.master.size()), t.offset);
+  }
+  std::vector<const float*> ptrs;
+  std::vector<std::size_t> counts;
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    const dtype wt = ts[i].working < 0 ? dtype::f32 : dtype(ts[i].working);
+    void* out = ts[i].working < 0 ? nullptr : a_out[i].ptr;
+    tasks.push_back({step, a_master[i].ptr, a_m[i].ptr, a_v[i].ptr, a_grad[i].ptr, ts[i].master.size(), out, wt});
+    b.adamw(step, r_master[i].ptr, r_m[i].ptr, r_v[i].ptr, a_grad[i].ptr, ts[i].master.size(),
+            ts[i].working < 0 ? nullptr : r_out[i].ptr, wt, s);
+    ptrs.push_back(a_grad[i].ptr);
+    counts.push_back(ts[i].grad.size());
+  }
+  gpu_test::device_array<double> sums(b, std::vector<double>(ts.size())), one(b, std::vector<double>(ts.size()));
+  b.sum_squares_batch(ptrs, counts, sums.ptr, s);
+  for (std::size_t i = 0; i < ts.size(); ++i) b.sum_squares_into(ptrs[i], counts[i], one.ptr + i, s);
+  b.adamw_batch(tasks, /*zero_grad=*/true, s);
+  CHECK(sums.to_host(b) == one.to_host(b));
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    INFO("tensor " << i << ", n " << ts[i].master.size() << ", offset " << ts[i].offset << ", working " << ts[i].working);
+    zshard::optim::norm_accumulator acc;
+    acc.add(ts[i].grad.data(), ts[i].grad.size(), 1.0f);
+    CHECK(sums.to_host(b)[i] == doctest::Approx(acc.sum_squares).epsilon(1e-12));
+    CHECK(bits_of(a_master[i].to_host(b)) == bits_of(r_master[i].to_host(b)));
+    CHECK(bits_of(a_m[i].to_host(b)) == bits_of(r_m[i].to_host(b)));
+    CHECK(bits_of(a_v[i].to_host(b)) == bits_of(r_v[i].to_host(b)));
+    if (ts[i].working >= 0) {
+      const std::size_t bytes = ts[i].master.size() * zshard::size_of(dtype(ts[i].working));
+      CHECK(std::memcmp(a_out[i].to_host(b).data(), r_out[i].to_host(b).data(), bytes) == 0);
+    }
+    CHECK(a_grad[i].to_host(b) == std::vector<float>(ts[i].grad.size(), 0.0f));  // zeroed in the same pass
+  }
+}
+
 // ---- the backend's contract ---------------------------------------------------------------------
 TEST_CASE("cuda_backend: the ledger is charged before allocating and released after freeing, as on the host") {
   zshard::cuda_backend b({.budget_bytes = 1 << 20});
@@ -323,6 +386,7 @@ TEST_CASE("cuda_backend: synchronize() turns a stream that does not finish into 
 #include "nccl_cases.hpp"
 #include "engine_cases.hpp"
 #include "readiness_cases.hpp"
+#include "gpt_cases.hpp"
 
 int main(int argc, char** argv) {
   const auto census = zcuda::count_devices();

@@ -3,10 +3,13 @@
 # usage: compare_example.sh <02_train_gpt> <ranks> <mpiexec> [mpiexec flags...]
 # Runs a short training both ways and compares the "final loss bits" lines. Exit status 1 of
 # the example (loss not yet falling after a few steps) is accepted; anything else fails.
+# COMPARE_EXTRA_ARGS (environment, split on spaces) go to both runs, e.g. a DeepSpeed config.
 set -u
 exe=$1 ranks=$2
 shift 2
 args=(--steps 3 --layers 2 --d-model 64 --d-ff 128 --seq 32 --batch 4 --eval-every 0 --log-every 1)
+# shellcheck disable=SC2206
+[ -n "${COMPARE_EXTRA_ARGS:-}" ] && args+=(${COMPARE_EXTRA_ARGS})
 threads=$("$exe" --ranks "$ranks" "${args[@]}" 2>&1); t_status=$?
 mpi=$("$@" -n "$ranks" "$exe" --mpi "${args[@]}" 2>&1); m_status=$?
 t_bits=$(printf '%s\n' "$threads" | grep '^final loss bits:')

@@ -4,6 +4,8 @@
 // mode: ok              every rank runs 10 collectives and ends (exit 0)
 //       throw           rank 1 throws after 3 collectives; the others go on calling collectives
 //       early_exit      rank 1 returns without error after 3 collectives
+//       split_early_exit  as early_exit, in the groups of a 2 x 2 hybrid layout (the world split
+//                       into pairs and across them, 4 ranks): the others wait for rank 1 in a group
 //       hang            rank 1 sleeps (a hung rank) after 3 collectives; the others time out
 //       model_mismatch  rank 1 registers a model with one more layer
 #include <chrono>
@@ -32,6 +34,17 @@ int main(int argc, char** argv) {
           toy::ids id;
           zshard::host_backend backend;
           zshard::engine<zshard::host_backend, zshard::mpi_comm> eng(backend, comm, toy::make_spec(mc, id), {});
+          return;
+        }
+        if (mode == "split_early_exit") {
+          zshard::mpi_comm pairs = comm.split(r / 2, r), across = comm.split(r % 2, r);
+          for (int i = 0; i < 10; ++i) {
+            if (r == 1 && i == 3) return;
+            float x = float(r), sum = 0;
+            pairs.all_reduce(&x, &sum, 1, zshard::dtype::f32, zshard::reduce_op::sum);
+            across.all_reduce(&x, &sum, 1, zshard::dtype::f32, zshard::reduce_op::sum);
+          }
+          if (r == 0) std::printf("failure_driver: %s finished\n", mode.c_str());
           return;
         }
         for (int i = 0; i < 10; ++i) {

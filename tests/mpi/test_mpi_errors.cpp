@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "mpi_test_support.hpp"
+#include "zshard/backend/host_backend.hpp"
+#include "zshard/checkpoint/agreement.hpp"
 #include "zshard/comm/mpi_comm.hpp"
 
 using namespace zshard;
@@ -92,4 +94,37 @@ TEST_CASE("bad arguments are usage errors on the calling rank, before any commun
   CHECK(usage([&] { (void)c.split(c.rank() == 0 ? -2 : 0, 0); }));
   CHECK_FALSE(c.failed());
   c.barrier();  // none of the above left a collective half-done
+}
+
+namespace {
+// What checkpoint::agree needs of an engine: a backend and the job's communicator.
+struct bare_engine {
+  host_backend& b;
+  mpi_comm& c;
+  host_backend& backend() { return b; }
+  mpi_comm& comm() { return c; }
+};
+}  // namespace
+
+TEST_CASE("an error of any length reaches every MPI rank whole, with its kind and hint (checkpoint::agree)") {
+  mpi_comm c(MPI_COMM_WORLD, mpi_test::options());
+  host_backend backend;
+  bare_engine eng{backend, c};
+  const int failing = c.size() - 1;
+  for (const std::size_t length : {std::size_t{1}, std::size_t{1024}, std::size_t{5000}, std::size_t{70'000}}) {
+    std::string message;
+    for (std::size_t i = 0; i < length; ++i) message += i % 61 == 60 ? '\n' : char(i % 256);
+    CAPTURE(length);
+    try {
+      checkpoint::agree(eng, "the test", [&] {
+        if (c.rank() == failing) throw error(error_kind::config, message, "the hint");
+      });
+      FAIL("no error");
+    } catch (const error& e) {
+      CHECK(e.kind() == error_kind::config);
+      CHECK(e.message() == "the test (rank " + std::to_string(failing) + "): " + message);
+      CHECK(e.hint() == "the hint");
+    }
+  }
+  CHECK_NOTHROW(checkpoint::agree(eng, "the test", [] {}));  // and nothing to say: one small exchange
 }

@@ -124,7 +124,9 @@ TEST_CASE("schedules: the tied weight's gradient waits for its last use") {
   const small_model model;
   engine_config cfg = small_config(100'000);
   cfg.reduce.reduce_bucket_numel = 1;  // every gradient is reduced as soon as it is complete
-  const memory_plan plan = plan_memory(model.spec, cfg, 2, training_step(model.segments()));
+  // (head.norm, frozen at registration, stays frozen: the grad_buckets figure is then exact)
+  const memory_plan plan =
+      plan_memory(model.spec, cfg, 2, training_step(model.segments()), {.frozen_params_stay_frozen = true});
   // From head's backward to embed's, embed.w's full f32 gradient (1200 elements) is held.
   const std::size_t largest_module = 4 * (24 * 64 + 64 * 24);
   CHECK(plan.device.peak_of(mem_category::grad_buckets) >= 4 * 1200 + largest_module);
@@ -281,9 +283,10 @@ TEST_CASE("plan: kept-gathered modules and no-sync accumulation are planned, and
     for (int world : {1, 3}) {
       const engine_config cfg = small_config(max_live);
       const training_schedule schedule = model.with_eval(3);
-      const memory_plan plain = plan_memory(model.spec, cfg, world, schedule);
+      const memory_plan plain = plan_memory(model.spec, cfg, world, schedule, {.frozen_params_stay_frozen = true});
       const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
-                                           {.keep_gathered_until_backward = keep, .no_sync = true});
+                                           {.keep_gathered_until_backward = keep, .no_sync = true,
+                                            .frozen_params_stay_frozen = true});
       for (const memory_ledger& l : ledgers_after(model.spec, cfg, world, schedule, 6, keep, true)) {
         std::ostringstream table;
         print_plan(table, plan, &l);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/no_restrict_warning.hpp"
 #include "../support/policies.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
@@ -27,7 +28,9 @@ constexpr std::int64_t numel = 30;  // padded to 30 for world 1, 2, 3
 
 model_spec chain() {
   model_spec spec;
+  ZSHARD_TEST_NO_RESTRICT_WARNING_BEGIN  // g++ 12 -O3 false positive (support/no_restrict_warning.hpp)
   for (int m = 0; m < modules; ++m) spec.add_module("m" + std::to_string(m), {spec.add_param("w" + std::to_string(m), {numel})});
+  ZSHARD_TEST_NO_RESTRICT_WARNING_END
   return spec;
 }
 
@@ -146,6 +149,7 @@ TEST_CASE("trace prefetcher: reuse advice from the index equals a scan of the tr
     model_spec spec;
     const int n_params = 3 + int(rng() % 12), n_modules = 2 + int(rng() % 10);
     std::vector<param_id> ps;
+    ZSHARD_TEST_NO_RESTRICT_WARNING_BEGIN  // g++ 12 -O3 false positive (support/no_restrict_warning.hpp)
     for (int p = 0; p < n_params; ++p)
       ps.push_back(spec.add_param("p" + std::to_string(p), {std::int64_t(1 + rng() % 40)}));
     for (int m = 0; m < n_modules; ++m) {
@@ -154,6 +158,7 @@ TEST_CASE("trace prefetcher: reuse advice from the index equals a scan of the tr
         if (rng() % 3 == 0) mine.push_back(p);
       spec.add_module("m" + std::to_string(m), mine);
     }
+    ZSHARD_TEST_NO_RESTRICT_WARNING_END
     engine_config cfg;
     cfg.partition.persistence_threshold_numel = 8;  // some replicated: they hold no gathered elements
     cfg.prefetch.max_reuse_distance = rng() % 120;
@@ -248,4 +253,35 @@ TEST_CASE("pass_trace: a periodic no-grad evaluation has its own trace: no diver
   REQUIRE(eval_first_scope_resident.size() == 2);
   CHECK(eval_first_scope_resident[0] == numel);      // the first evaluation records
   CHECK(eval_first_scope_resident[1] == 3 * numel);  // the second replays: m1, m2 gathered ahead
+}
+
+TEST_CASE("an evaluation pass that leaves the default trace says which policy keeps prefetching through it") {
+  std::mutex mu;
+  std::vector<std::string> log;
+  engine_config cfg;
+  cfg.prefetch.prefetch_numel = 2 * numel;
+  cfg.log = [&](const std::string& line) {
+    std::lock_guard lock(mu);
+    log.push_back(line);
+  };
+  run_ranks(2, [&](thread_comm& comm) {
+    host_backend backend;
+    engine<host_backend, thread_comm, policies_with<prefetch::trace>> eng(backend, comm, chain(), cfg);
+    for (int step = 0; step < 2; ++step) {  // record, replay
+      for (module_id m = 0; m < modules; ++m) auto s = eng.forward(m);
+      eng.begin_backward();
+      for (module_id m = modules; m-- > 0;) auto g = eng.backward(m);
+      eng.end_backward();
+      eng.step();
+    }
+    for (module_id m = 0; m < modules; ++m) auto s = eng.forward(m, use_kind::no_grad);  // an evaluation
+  });
+  std::vector<std::string> said;
+  for (const auto& line : log)
+    if (line.find("left its recorded trace") != std::string::npos) said.push_back(line);
+  REQUIRE(said.size() == 2);  // once per rank
+  for (const auto& line : said) {
+    CHECK(line.find("module 'm0' (no_grad) at scope #0 where the trace has 'm0' (counted)") != std::string::npos);
+    CHECK(line.find("a no-grad pass (an evaluation?) between training steps: prefetch::pass_trace") != std::string::npos);
+  }
 }

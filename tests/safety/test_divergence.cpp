@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cmath>
 
 #include "stack_model.hpp"
 
@@ -85,6 +86,44 @@ TEST_CASE("every schedule-shaping setting is compared at construction, and the o
     o.check_error_says({std::string("ranks disagree on ") + v.name});
     CHECK(o.trained == std::vector<int>{0, 0, 0});
   }
+}
+
+// Issue 25 point 11: each setting reads as its own type (a double's value, not its bits; a
+// dtype's name; a flag; a hash in hex), whatever the first rank that differs.
+TEST_CASE("a setting the ranks disagree on is printed as its value, in its own type") {
+  const model_spec spec = stack_spec(2, 0);
+  struct variant {
+    void (*change)(engine_config&);
+    const char* text;
+  };
+  const variant variants[] = {
+      {[](engine_config& c) { c.clip_norm_type = 1.0; },
+       "ranks disagree on clip_norm_type: rank 0 has 2, rank 2 has 1"},
+      {[](engine_config& c) { c.clip_norm_type = INFINITY; },
+       "ranks disagree on clip_norm_type: rank 0 has 2, rank 2 has inf"},
+      {[](engine_config& c) { c.clip_norm = 0.25; }, "ranks disagree on clip_norm: rank 0 has 0, rank 2 has 0.25"},
+      {[](engine_config& c) { c.param_dtype = dtype::f16; },  // stack_config: bf16
+       "ranks disagree on param_dtype: rank 0 has bf16, rank 2 has f16"},
+      {[](engine_config& c) { c.check_every_scope = true; },
+       "ranks disagree on check_every_scope: rank 0 has false, rank 2 has true"},
+      {[](engine_config& c) { c.prefetch.max_live_numel = 5000; },
+       "ranks disagree on prefetch.max_live_numel: rank 0 has 1000000000, rank 2 has 5000"},
+  };
+  for (const auto& v : variants) {
+    auto s = same(3, {0, 1});
+    v.change(s[2].cfg);
+    const auto o = run_schedules<true>(spec, s);
+    REQUIRE(o.error);
+    INFO(*o.error);
+    CHECK(contains(*o.error, v.text));
+  }
+  // hashes (the model, the layouts, the parameter groups) read as hashes
+  auto s = same(2, {0, 1});
+  s[1].cfg.param_groups = {{.name = "g", .params = {"b0.w"}, .lr = 5e-3f}};
+  const auto o = run_schedules<true>(spec, s);
+  REQUIRE(o.error);
+  INFO(*o.error);
+  CHECK(contains(*o.error, "ranks disagree on param_groups (names and members): rank 0 has hash 0x"));
 }
 
 TEST_CASE("thread_comm: a skipped call between same-size collectives is caught by the tags") {

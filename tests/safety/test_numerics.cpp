@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "stack_model.hpp"
+#include "world_bitwise.hpp"  // its test case: world sizes train bitwise alike
 #include "zshard/offload/host_adam.hpp"
 
 using namespace safety;

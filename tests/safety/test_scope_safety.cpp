@@ -237,3 +237,28 @@ TEST_CASE("the engine checks I7 itself: a HookTracker that forgets a parameter i
     CHECK(msg.find("parameter 'b0.w' still holds a full gradient after end_backward") != std::string::npos);
   });
 }
+
+TEST_CASE("begin_backward() or end_backward() with a scope still open says how to close it") {
+  const model_spec spec = stack_spec(2, 0);
+  run_ranks(1, [&](thread_comm& comm) {
+    host_backend backend;
+    eng_t eng(backend, comm, spec, {});
+    {
+      auto s = eng.forward(module_id(0));
+      const std::string e = message_of([&] { eng.begin_backward(); });
+      CHECK(e.find("begin_backward() with 1 module scope(s) still open") != std::string::npos);
+      CHECK(e.find("(how to fix: a scope lives as long as its object: end each forward scope before begin_backward()") !=
+            std::string::npos);
+    }
+    eng.forward(module_id(1)).close();
+    eng.begin_backward();
+    {
+      auto g = eng.backward(module_id(1));
+      CHECK(message_of([&] { eng.end_backward(); }).find("end each backward scope before end_backward()") !=
+            std::string::npos);
+    }
+    { auto g = eng.backward(module_id(0)); }
+    eng.end_backward();
+    eng.step();
+  });
+}

@@ -1,12 +1,21 @@
 cmake_minimum_required(VERSION 3.22)
-# tools/plot_memory.py on the main job's trace writes a PNG (checked by its signature).
-# Skipped (ctest SKIP_REGULAR_EXPRESSION) when matplotlib is not installed.
+# tools/plot_memory.py: bad input is exit status 2 with a one-line message and no traceback
+# (a binary file, a missing file), with or without matplotlib; on the main job's trace it writes
+# a PNG (checked by its signature). The drawing part is skipped (ctest SKIP_REGULAR_EXPRESSION)
+# when matplotlib is not installed for PYTHON.
 # Usage: cmake -DPYTHON=... -DSCRIPT=... -DTRACE=... -DPNG=... -P check_plot.cmake
+foreach(bad ${CMAKE_COMMAND} ${PNG}.missing)  # an executable (binary bytes), a file that is not there
+  execute_process(COMMAND ${PYTHON} ${SCRIPT} ${bad} ${PNG}.bad.png RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 2 OR err MATCHES "Traceback" OR NOT err MATCHES "^plot_memory: ")
+    message(FATAL_ERROR "plot_memory.py on '${bad}': exit ${rc} (want 2, a message, no traceback):\n${out}${err}")
+  endif()
+  message("bad input '${bad}': exit 2, ${err}")
+endforeach()
 file(REMOVE ${PNG})
 execute_process(COMMAND ${PYTHON} ${SCRIPT} ${TRACE} ${PNG} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${out}${err}")
 if(rc EQUAL 3)
-  message("SKIPPED: matplotlib is not installed for ${PYTHON} (scripts/test.sh installs it into build/venv)")
+  message("SKIPPED: matplotlib is not installed for ${PYTHON} (scripts/test.sh installs it into build/pyenv)")
   return()
 endif()
 if(NOT rc EQUAL 0)

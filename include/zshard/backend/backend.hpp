@@ -10,6 +10,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "zshard/core/dtype.hpp"
@@ -92,6 +93,27 @@ concept stream_ordered_memory = requires(B& b, std::size_t n, mem_category c, vo
   { b.allocate(n, c, s) } -> std::same_as<void*>;
   b.deallocate(p, n, c, s);
 };
+
+// - batched optimizer and norm kernels: one launch for many tensors instead of one per
+//   parameter (the per-parameter launches of a step cost more host time than a GPU needs for the
+//   work itself). adamw_batch applies each task as adamw() would, bit for bit, and with
+//   zero_grad also zeros each gradient it read; sum_squares_batch writes out[i] = the sum of
+//   squares of tensor i in f64 (backend memory), as sum_squares_into would, without a host wait.
+struct adamw_task {
+  optim::adamw_step step;
+  float* master = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  float* grad = nullptr;
+  std::size_t n = 0;
+  void* working_out = nullptr;  // may be null: no working copy written
+  dtype working_type = dtype::f32;
+};
+template <class B>
+concept batched_adamw = requires(B& b, std::span<const adamw_task> t, typename B::stream& s) { b.adamw_batch(t, true, s); };
+template <class B>
+concept batched_sum_squares = requires(B& b, std::span<const float* const> x, std::span<const std::size_t> n,
+                                       double* out, typename B::stream& s) { b.sum_squares_batch(x, n, out, s); };
 
 // Fails with a readable message naming the part of the contract a backend misses.
 template <class B>

@@ -38,6 +38,7 @@
 #include "zshard/backend/backend.hpp"
 #include "zshard/backend/cuda_check.hpp"
 #include "zshard/backend/cuda_kernels.cuh"
+#include "zshard/backend/cuda_multi_tensor.cuh"
 #include "zshard/backend/cuda_pinned.hpp"
 #include "zshard/core/host_wait.hpp"
 
@@ -285,10 +286,19 @@ class cuda_backend {
   // Synchronous, as on every backend: the host needs the result for a global decision.
   grad_stats grad_stats_of(const float* g, std::size_t n, const stream& s) {
     if (n == 0) return {};
+    const std::size_t partials = cuda::sum_squares_partials(std::span<const std::size_t>(&n, 1));
+    void* block = allocate((1 + partials) * sizeof(double), mem_category::scratch, s);  // [result | partials]
     double sum = 0;
-    const auto r = reduce_into_device<double>(g, n, s, "sum_squares", sum_squares_op{});
-    copy(&sum, r.result(), sizeof sum, s);
-    deallocate(r.block, r.bytes, mem_category::scratch, s);
+    try {
+      launched(cuda::sum_squares_batch(std::span<const float* const>(&g, 1), std::span<const std::size_t>(&n, 1),
+                                       static_cast<double*>(block), static_cast<double*>(block) + 1, s.handle()),
+               "sum_squares", n);
+      copy(&sum, block, sizeof sum, s);
+    } catch (...) {
+      deallocate(block, (1 + partials) * sizeof(double), mem_category::scratch, s);
+      throw;
+    }
+    deallocate(block, (1 + partials) * sizeof(double), mem_category::scratch, s);
     synchronize(s);
     return {sum, !std::isfinite(sum)};
   }
@@ -297,9 +307,29 @@ class cuda_backend {
   // synchronize, instead of one host wait per tensor (grad_stats_of). Non-finite: Inf/NaN.
   void sum_squares_into(const float* g, std::size_t n, double* device_out, const stream& s) {
     if (n == 0) return fill_zero(device_out, sizeof(double), s);
-    const auto r = reduce_into_device<double>(g, n, s, "sum_squares", sum_squares_op{});
-    copy(device_out, r.result(), sizeof(double), s);
-    deallocate(r.block, r.bytes, mem_category::scratch, s);
+    sum_squares_batch(std::span<const float* const>(&g, 1), std::span<const std::size_t>(&n, 1), device_out, s);
+  }
+  // device_out[i] = sum of squares of x[i][0, n[i]) for every i (double, device memory), in a
+  // launch or two per 24 tensors and one scratch block, without waiting (backend.hpp's
+  // batched_sum_squares). The same arithmetic as sum_squares_into and grad_stats_of, bit for bit.
+  void sum_squares_batch(std::span<const float* const> x, std::span<const std::size_t> n, double* device_out,
+                         const stream& s) {
+    ZSHARD_REQUIRE(x.size() == n.size(), error_kind::usage,
+                   "sum_squares_batch: " + std::to_string(x.size()) + " tensors, " + std::to_string(n.size()) + " sizes");
+    if (x.empty()) return;
+    ensure_device();
+    const std::size_t bytes = cuda::sum_squares_partials(n) * sizeof(double);
+    void* partial = allocate(bytes, mem_category::scratch, s);
+    const cudaError_t status = cuda::sum_squares_batch(x, n, device_out, static_cast<double*>(partial), s.handle());
+    deallocate(partial, bytes, mem_category::scratch, s);
+    launched(status, "sum_squares (" + std::to_string(x.size()) + " tensors)", x.size());
+  }
+  // Every task as adamw() applies it, in as few launches as the working types allow; with
+  // zero_grad each gradient read is zeroed in the same pass (backend.hpp's batched_adamw).
+  void adamw_batch(std::span<const adamw_task> tasks, bool zero_grad, const stream& s) {
+    ensure_device();
+    launched(cuda::adamw_batch(tasks, zero_grad, s.handle()), "adamw (" + std::to_string(tasks.size()) + " tensors)",
+             tasks.size());
   }
   // max |g[i]|, synchronous (NaN when any element is NaN).
   float max_abs_of(const float* g, std::size_t n, const stream& s) {
@@ -360,11 +390,6 @@ class cuda_backend {
     throw error(error_kind::backend, msg + " (reported late: it failed while a buffer was being freed)");
   }
 
-  struct sum_squares_op {
-    cudaError_t operator()(void* t, std::size_t& tb, const float* x, std::size_t k, double* o, cudaStream_t st) const {
-      return cuda::sum_squares(t, tb, x, k, o, st);
-    }
-  };
   template <class T>
   struct reduce_scratch {
     void* block;

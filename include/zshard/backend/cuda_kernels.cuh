@@ -119,10 +119,18 @@ __device__ __forceinline__ std::size_t grid_stride() { return static_cast<std::s
 inline bool aligned(const void* p, std::size_t to) { return reinterpret_cast<std::uintptr_t>(p) % to == 0; }
 
 // ---- kernels --------------------------------------------------------------------------------
-template <class S, class D>
-__global__ void cast_kernel(const S* __restrict__ src, D* __restrict__ dst, std::size_t n) {
-  for (std::size_t i = first_index(); i < n; i += grid_stride()) dst[i] = from_f32<D>(to_f32(src[i]));
+// Four elements of a buffer of S as floats, from one vector load (16 bytes for f32, 8 for 16-bit).
+template <class S>
+__device__ __forceinline__ float4 load_quad(const S* in, std::size_t q) {
+  if constexpr (std::is_same_v<S, float>) {
+    return reinterpret_cast<const float4*>(in)[q];
+  } else {
+    const uint2 u = reinterpret_cast<const uint2*>(in)[q];
+    return make_float4(to_f32(S{static_cast<std::uint16_t>(u.x & 0xffffu)}), to_f32(S{static_cast<std::uint16_t>(u.x >> 16)}),
+                       to_f32(S{static_cast<std::uint16_t>(u.y & 0xffffu)}), to_f32(S{static_cast<std::uint16_t>(u.y >> 16)}));
+  }
 }
+
 
 // dst += src; `quads` float4 groups when both are 16-byte aligned, then the scalar tail.
 __global__ void add_into_kernel(float* __restrict__ dst, const float* __restrict__ src, std::size_t n,
@@ -198,19 +206,38 @@ __device__ __forceinline__ void store_quad(W* out, std::size_t q, float a, float
   }
 }
 
-// Fused AdamW over one shard: reads master, m, v, grad once, writes master, m, v and (W not
-// void) the working copy. master may alias out only when W is float, so neither is __restrict__.
+// Quads of four elements (one vector load, one vector store) when both pointers are aligned
+// for them, then the scalar tail; unaligned pointers take the scalar loop throughout.
+template <class S, class D>
+__global__ void cast_kernel(const S* __restrict__ src, D* __restrict__ dst, std::size_t n, bool vectorised) {
+  std::size_t done = 0;
+  if (vectorised) {
+    const std::size_t quads = n / 4;
+    for (std::size_t q = first_index(); q < quads; q += grid_stride()) {
+      const float4 f = load_quad(src, q);
+      store_quad(dst, q, f.x, f.y, f.z, f.w);
+    }
+    done = quads * 4;
+  }
+  for (std::size_t i = done + first_index(); i < n; i += grid_stride()) dst[i] = from_f32<D>(to_f32(src[i]));
+}
+
+// Fused AdamW over elements [0, n) of one shard, by the threads `first, first + stride, ...`:
+// reads master, m, v, grad once, writes master, m, v, (W not void) the working copy and, with
+// zero_grad, zeros the gradient it read (the next step accumulates into it). master may alias
+// out only when W is float, so neither is __restrict__.
 template <class W>
-__global__ void adamw_kernel(adamw_scalars s, float* master, float* __restrict__ m, float* __restrict__ v,
-                             const float* __restrict__ grad, std::size_t n, W* out, bool vectorised) {
+__device__ __forceinline__ void adamw_range(const adamw_scalars& s, float* master, float* __restrict__ m,
+                                            float* __restrict__ v, float* __restrict__ grad, std::size_t n, W* out,
+                                            bool vectorised, bool zero_grad, std::size_t first, std::size_t stride) {
   std::size_t done = 0;
   if (vectorised) {
     const std::size_t quads = n / 4;
     auto* p4 = reinterpret_cast<float4*>(master);
     auto* m4 = reinterpret_cast<float4*>(m);
     auto* v4 = reinterpret_cast<float4*>(v);
-    const auto* g4 = reinterpret_cast<const float4*>(grad);
-    for (std::size_t q = first_index(); q < quads; q += grid_stride()) {
+    auto* g4 = reinterpret_cast<float4*>(grad);
+    for (std::size_t q = first; q < quads; q += stride) {
       float4 p = p4[q], mm = m4[q], vv = v4[q];
       const float4 g = g4[q];
       adamw_element(s, p.x, mm.x, vv.x, g.x);
@@ -220,14 +247,23 @@ __global__ void adamw_kernel(adamw_scalars s, float* master, float* __restrict__
       p4[q] = p;
       m4[q] = mm;
       v4[q] = vv;
+      if (zero_grad) g4[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if constexpr (!std::is_void_v<W>) store_quad(out, q, p.x, p.y, p.z, p.w);
     }
     done = quads * 4;
   }
-  for (std::size_t i = done + first_index(); i < n; i += grid_stride()) {
+  for (std::size_t i = done + first; i < n; i += stride) {
     const float p = adamw_element(s, master[i], m[i], v[i], grad[i]);
+    if (zero_grad) grad[i] = 0.0f;
     if constexpr (!std::is_void_v<W>) out[i] = from_f32<W>(p);
   }
+}
+
+// One shard (the grad is read only: adamw_range never zeros it here).
+template <class W>
+__global__ void adamw_kernel(adamw_scalars s, float* master, float* __restrict__ m, float* __restrict__ v,
+                             const float* __restrict__ grad, std::size_t n, W* out, bool vectorised) {
+  adamw_range(s, master, m, v, const_cast<float*>(grad), n, out, vectorised, false, first_index(), grid_stride());
 }
 
 // x *= scale; raises *flag if an input or a result is not finite (the loss scaler's overflow
@@ -242,12 +278,6 @@ __global__ void scale_check_kernel(float* __restrict__ x, std::size_t n, float s
   if (bad) *flag = 1u;
 }
 
-struct square_as_double {
-  __host__ __device__ double operator()(float x) const {
-    const double d = x;
-    return d * d;
-  }
-};
 struct abs_value {
   __host__ __device__ float operator()(float x) const { return fabsf(x); }
 };
@@ -279,9 +309,11 @@ inline cudaError_t cast(const void* src, dtype src_type, void* dst, dtype dst_ty
     kernels::visit_dtype(dst_type, [&](auto d) {
       using S = decltype(s);
       using D = decltype(d);
-      if constexpr (!std::is_same_v<S, D>)
-        kernels::cast_kernel<<<kernels::grid_for(n), kernels::block_threads, 0, stream>>>(static_cast<const S*>(src),
-                                                                                          static_cast<D*>(dst), n);
+      if constexpr (!std::is_same_v<S, D>) {
+        const bool vec = kernels::aligned(src, 4 * sizeof(S)) && kernels::aligned(dst, 4 * sizeof(D));
+        kernels::cast_kernel<<<kernels::grid_for(vec ? n / 4 + 1 : n), kernels::block_threads, 0, stream>>>(
+            static_cast<const S*>(src), static_cast<D*>(dst), n, vec);
+      }
     });
   });
   return cudaGetLastError();
@@ -328,15 +360,6 @@ inline cudaError_t scale_and_check(float* x, std::size_t n, float scale, unsigne
   kernels::scale_check_kernel<<<kernels::grid_for(n), kernels::block_threads, 0, stream>>>(x, n, scale,
                                                                                          nonfinite_flag);
   return cudaGetLastError();
-}
-
-// *out = sum of x[i]^2 in double (device memory), deterministic run to run. CUB's two-phase
-// protocol: with temp == nullptr only temp_bytes is set. A non-finite result means an Inf/NaN
-// input, as for optim::norm_accumulator. n must be positive.
-inline cudaError_t sum_squares(void* temp, std::size_t& temp_bytes, const float* x, std::size_t n, double* out,
-                               cudaStream_t stream) {
-  return cub::DeviceReduce::TransformReduce(temp, temp_bytes, x, out, n, ::cuda::std::plus<double>{},
-                                            kernels::square_as_double{}, 0.0, stream);
 }
 
 // *out = max |x[i]| (NaN if any element is NaN); the amax that scaling to a narrow type needs.

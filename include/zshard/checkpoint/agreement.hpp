@@ -1,9 +1,12 @@
 #pragma once
 // Ranks agree or fail together (invariant I9 for files): each rank validates on its own, then
 // one small collective tells every rank what every other found, so that all ranks throw the
-// same error — naming the rank that found it — or all go on. Messages travel as fixed-size
-// blocks through the engine's communicator and backend buffers (device memory under NCCL).
+// same error — naming the rank that found it — or all go on. Messages of any length travel
+// through the engine's communicator and backend buffers (device memory under NCCL): first
+// every rank's length, then, only when some rank has something to say, every message padded
+// to the longest.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -13,8 +16,6 @@
 #include "zshard/core/error.hpp"
 
 namespace zshard::checkpoint {
-
-inline constexpr std::size_t agreement_block_bytes = 1024;
 
 // The communicator of every rank of the job: under hybrid sharding the engine's world (its
 // comm() is then one shard group's), else its comm(). Checkpoint ranks agree, and meet, over it.
@@ -35,38 +36,78 @@ int replica_of(Engine& eng) {
     return 0;
 }
 
-// Every rank's `mine` (truncated to the block), in rank order over the job. Collective.
+namespace detail {
+// An all_gather of `bytes_per_rank` bytes from every rank (as f32 words: an all_gather copies,
+// so the bits arrive intact on every communicator), through backend buffers.
 template <class Engine>
-std::vector<std::string> exchange_messages(Engine& eng, const std::string& mine) {
+std::vector<char> all_gather_bytes(Engine& eng, const void* mine, std::size_t bytes_per_rank) {
   auto& backend = eng.backend();
   auto& comm = job_comm(eng);
   const auto world = static_cast<std::size_t>(comm.size());
-  constexpr std::size_t words = agreement_block_bytes / 4;
-  std::vector<char> host(agreement_block_bytes * world, '\0');
-  std::memcpy(host.data(), mine.data(), std::min(mine.size(), agreement_block_bytes - 1));
+  const std::size_t words = (bytes_per_rank + 3) / 4;
+  std::vector<char> host(words * 4 * world, '\0');
+  std::memcpy(host.data(), mine, bytes_per_rank);
   using B = std::remove_reference_t<decltype(backend)>;
   buffer<B> block(backend, dtype::f32, words, mem_category::scratch);
   buffer<B> all(backend, dtype::f32, words * world, mem_category::scratch);
   auto s = backend.make_stream();
-  backend.copy(block.data(), host.data(), agreement_block_bytes, s);
+  backend.copy(block.data(), host.data(), words * 4, s);
   backend.synchronize(s);
-  comm.all_gather(block.data(), all.data(), words, dtype::f32, comm_stream::of(s));  // f32 words: a byte copy
+  comm.all_gather(block.data(), all.data(), words, dtype::f32, comm_stream::of(s));
   backend.copy(host.data(), all.data(), host.size(), s);
   backend.synchronize(s);
-  std::vector<std::string> out;
-  for (std::size_t r = 0; r < world; ++r) out.emplace_back(host.data() + r * agreement_block_bytes);
+  return host;
+}
+}  // namespace detail
+
+// Every rank's `mine`, whole, in rank order over the job. Collective: one exchange of the
+// lengths (8 bytes a rank), and a second of the messages only when one is not empty.
+template <class Engine>
+std::vector<std::string> exchange_messages(Engine& eng, const std::string& mine) {
+  const std::uint64_t my_length = mine.size();
+  const std::vector<char> lengths = detail::all_gather_bytes(eng, &my_length, sizeof my_length);
+  const std::size_t world = lengths.size() / sizeof my_length;
+  std::vector<std::uint64_t> length(world);
+  std::memcpy(length.data(), lengths.data(), world * sizeof my_length);
+  const std::uint64_t longest = *std::max_element(length.begin(), length.end());
+  std::vector<std::string> out(world);
+  if (longest == 0) return out;
+  std::string padded = mine;
+  padded.resize(static_cast<std::size_t>(longest), '\0');
+  const std::vector<char> all = detail::all_gather_bytes(eng, padded.data(), padded.size());
+  const std::size_t stride = all.size() / world;  // the block, rounded up to whole words
+  for (std::size_t r = 0; r < world; ++r) out[r].assign(all.data() + r * stride, static_cast<std::size_t>(length[r]));
   return out;
 }
 
-// An error as one line, and back: kind, message and hint survive the trip.
+// An error as one string, and back: kind, message and hint survive the trip whatever they hold
+// (the message's length is written before it, so no character of it can end it early).
 inline std::string encode_error(const error& e) {
-  return std::to_string(static_cast<int>(e.kind())) + "\x1f" + e.message() + "\x1f" + e.hint();
+  return std::to_string(static_cast<int>(e.kind())) + "\x1f" + std::to_string(e.message().size()) + "\x1f" +
+         e.message() + e.hint();
 }
 inline error decode_error(const std::string& s, int rank, const std::string& what) {
-  const auto a = s.find('\x1f'), b = s.find('\x1f', a == std::string::npos ? a : a + 1);
-  if (a == std::string::npos || b == std::string::npos) return error(error_kind::io, what + ": rank " + std::to_string(rank) + ": " + s);
-  const auto kind = static_cast<error_kind>(std::stoi(s.substr(0, a)));
-  return error(kind, what + " (rank " + std::to_string(rank) + "): " + s.substr(a + 1, b - a - 1), s.substr(b + 1));
+  const auto a = s.find('\x1f');
+  const auto b = a == std::string::npos ? a : s.find('\x1f', a + 1);
+  int kind = -1;
+  std::size_t length = 0;
+  bool ok = a != std::string::npos && b != std::string::npos && a > 0 && a < 3 && b > a + 1;
+  if (ok) {
+    for (std::size_t i = 0; i < b; ++i)
+      if (i != a && (s[i] < '0' || s[i] > '9')) ok = false;
+  }
+  if (ok) {
+    kind = std::stoi(s.substr(0, a));
+    length = static_cast<std::size_t>(std::stoull(s.substr(a + 1, b - a - 1)));
+    ok = kind <= static_cast<int>(error_kind::io) && length <= s.size() - b - 1;
+  }
+  if (!ok) {  // not written by encode_error: pass it on readable, as an i/o error
+    std::string text;
+    for (char c : s) text += (static_cast<unsigned char>(c) < 0x20 && c != '\n') ? ' ' : c;
+    return error(error_kind::io, what + " (rank " + std::to_string(rank) + "): " + text);
+  }
+  return error(static_cast<error_kind>(kind), what + " (rank " + std::to_string(rank) + "): " + s.substr(b + 1, length),
+               s.substr(b + 1 + length));
 }
 
 // Runs `local` (which may throw); then every rank throws the lowest failing rank's error, or

@@ -5,11 +5,15 @@
 //   DIR/step-0000000200/
 //   DIR/latest                   the name of the newest complete checkpoint, one line
 //   DIR/.step-0000000300.tmp/    a save in progress (or one that crashed: removed by the next save)
+//   DIR/.step-0000000100.deleting.tmp/  a checkpoint being removed by keep_last rotation (or
+//                                the leftover of a crash during it: removed by the next save)
 //
 // A checkpoint directory appears only by rename(2) of a complete, fsynced temporary directory,
-// and `latest` is replaced by rename(2) of a fsynced temporary file: a crash at any point
-// leaves the previous checkpoint and the previous `latest` intact. Saving the same step twice
-// gives the second one a suffix (step-0000000100.1) instead of touching the first.
+// and disappears only by rename(2) to a hidden name before any of its files is removed; `latest`
+// is replaced by rename(2) of a fsynced temporary file. A crash at any point thus leaves every
+// listed checkpoint complete, and the previous checkpoint and the previous `latest` intact.
+// Saving the same step twice gives the second one a suffix (step-0000000100.1) instead of
+// touching the first.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -51,13 +55,17 @@ inline bool parse_checkpoint_name(const std::string& s, checkpoint_name& out) {
   return true;
 }
 
-// Complete checkpoints in dir, oldest first.
+// Complete checkpoints in dir, oldest first: step-* directories with a manifest (which a save
+// writes last; a directory without one is not a checkpoint, whoever left it there).
 inline std::vector<checkpoint_name> list_checkpoints(const std::string& dir) {
   std::vector<checkpoint_name> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     checkpoint_name n;
-    if (e.is_directory() && parse_checkpoint_name(e.path().filename().string(), n)) out.push_back(n);
+    std::error_code ec2;
+    if (e.is_directory(ec2) && parse_checkpoint_name(e.path().filename().string(), n) &&
+        std::filesystem::is_regular_file(e.path() / manifest_file_name, ec2))
+      out.push_back(n);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -73,29 +81,34 @@ inline std::string new_checkpoint_name(const std::string& dir, std::int64_t step
 }
 
 // Leftovers of saves that did not complete.
-inline void remove_stale_temporaries(const std::string& dir) {
+inline void remove_stale_temporaries(const std::string& dir, const io_hook* hook = nullptr) {
   std::error_code ec;
+  std::vector<std::string> stale;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.size() > 5 && n[0] == '.' && n.compare(n.size() - 4, 4, ".tmp") == 0) std::filesystem::remove_all(e.path(), ec);
+    if (n.size() > 5 && n[0] == '.' && n.compare(n.size() - 4, 4, ".tmp") == 0) stale.push_back(e.path().string());
   }
+  for (const auto& p : stale) try {
+      remove_tree(p, hook);
+    } catch (const error&) {  // not in the way of this save: tried again by the next
+    }
 }
 
 // Points `latest` at name, atomically.
-inline void set_latest(const std::string& dir, const std::string& name) {
+inline void set_latest(const std::string& dir, const std::string& name, const io_hook* hook = nullptr) {
   const std::string tmp = dir + "/." + std::string(latest_file) + ".tmp";
-  write_small_file(tmp, name + "\n");
-  rename_path(tmp, dir + "/" + latest_file);
-  sync_directory(dir);
+  write_small_file(tmp, name + "\n", hook);
+  rename_path(tmp, dir + "/" + latest_file, hook);
+  sync_directory(dir, hook);
 }
 
 // The checkpoint `path` names: a checkpoint directory itself (it has a manifest), or a
 // directory of checkpoints whose `latest` names one.
-inline std::string resolve_checkpoint(const std::string& path) {
+inline std::string resolve_checkpoint(const std::string& path, const io_hook* hook = nullptr) {
   namespace fs = std::filesystem;
   if (fs::exists(path + "/" + manifest_file_name)) return path;
   if (fs::exists(path + "/" + latest_file)) {
-    std::string name = read_small_file(path + "/" + latest_file, 4096);
+    std::string name = read_small_file(path + "/" + latest_file, 4096, hook);
     while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
     checkpoint_name n;
     if (!parse_checkpoint_name(name, n))
@@ -111,15 +124,30 @@ inline std::string resolve_checkpoint(const std::string& path) {
               "name a directory that a save wrote to, or one of its step-* directories");
 }
 
-// Keeps the newest `keep` complete checkpoints and the one `latest` names; removes the rest.
-inline void rotate_checkpoints(const std::string& dir, std::size_t keep, const std::string& latest) {
+// Keeps the newest `keep` complete checkpoints and the one `latest` names; removes the rest,
+// each at once: renamed to a hidden name (atomic; made durable before anything is deleted),
+// then its files removed. Failures are left for the next save (the save itself is complete).
+inline void rotate_checkpoints(const std::string& dir, std::size_t keep, const std::string& latest,
+                               const io_hook* hook = nullptr) {
   if (keep == 0) return;
   auto all = list_checkpoints(dir);
   if (all.size() <= keep) return;
+  std::vector<std::string> trash;
   for (std::size_t i = 0; i + keep < all.size(); ++i) {
     if (all[i].name == latest) continue;
-    std::error_code ec;
-    std::filesystem::remove_all(dir + "/" + all[i].name, ec);
+    const std::string t = dir + "/." + all[i].name + ".deleting.tmp";
+    try {
+      remove_tree(t, hook);  // a leftover of the same name would block the rename
+      rename_path(dir + "/" + all[i].name, t, hook);
+      trash.push_back(t);
+    } catch (const error&) {
+    }
+  }
+  if (trash.empty()) return;
+  try {
+    sync_directory(dir, hook);  // gone from the listing for good before its files go
+    for (const auto& t : trash) remove_tree(t, hook);
+  } catch (const error&) {
   }
 }
 

@@ -1,19 +1,20 @@
 #pragma once
 // Export: the model as one safetensors file (spec names, bf16 or f32, 1 tensor per parameter
-// with its shape), from a running engine or from a sharded checkpoint on disk.
+// with its shape), from a running engine or from a sharded checkpoint on disk. A parameter
+// registered with param_options::file_transposed (a linear weight kept as (in, out)) is written
+// as its transpose, torch's (out, in), with the shape reversed (transposed_copy.hpp).
 //
 // From an engine (export_engine, collective): rank 0 writes the header and sizes the file;
 // then every rank writes the elements it owns straight to their offsets (pwrite), through one
 // chunk — no gathers, no rank holds more than its shards and the chunk. Ranks meet through
 // marker files (rank_writes.hpp), so a slow disk does not trip the communicator's timeout; rank
 // 0 then fsyncs and renames the file into place. The file appears complete or not at all.
-// What it shares with save (sharded_save.hpp): the model's description, the elements a rank
-// holds (its checkpoint file's), how a shard streams out of the engine, the rename into place.
 //
 // From a checkpoint (export_checkpoint, one process, no engine: tools/zshard_export): tensor
 // by tensor in file order, each assembled from the rank files that hold its pieces, through
 // one chunk; every rank file's checksum is verified first.
 #include <chrono>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -27,7 +28,8 @@
 #include "zshard/checkpoint/rank_writes.hpp"
 #include "zshard/checkpoint/safetensors_reader.hpp"
 #include "zshard/checkpoint/safetensors_writer.hpp"
-#include "zshard/checkpoint/sharded_save.hpp"
+#include "zshard/checkpoint/sharded_load.hpp"
+#include "zshard/checkpoint/transposed_copy.hpp"
 #include "zshard/checkpoint/verified_reads.hpp"
 
 namespace zshard::checkpoint {
@@ -39,14 +41,60 @@ struct export_options {
   state_field source = state_field::working;
   std::size_t chunk_bytes = std::size_t{64} << 20;
   std::chrono::milliseconds io_timeout = std::chrono::minutes(30);
-  write_hook hook{};
+  io_hook hook{};  // tests: sees every file-system call of the export (io_hook.hpp)
 };
 
 inline std::vector<planned_tensor> export_plan(const std::vector<manifest_param>& params, dtype type) {
   std::vector<planned_tensor> plan;
-  for (const auto& p : params) plan.push_back({p.name, file_dtype_of(type), p.shape});
+  for (const auto& p : params) plan.push_back({p.name, file_dtype_of(type), p.file_shape()});
   return plan;
 }
+
+namespace detail {
+// The chunk of a transposed copy: read | converted | transposed, each of k_max elements.
+inline std::uint64_t transposed_chunk_numel(std::size_t chunk_bytes, dtype from, dtype to) {
+  const std::uint64_t k = chunk_bytes / (size_of(from) + 2 * size_of(to)) / 16 * 16;
+  ZSHARD_REQUIRE(k > 0, error_kind::config, "export chunk of " + std::to_string(chunk_bytes) + " bytes is too small",
+                 "use a chunk of at least a few KiB (e.g. 64 MiB)");
+  return k;
+}
+
+// Elements [b, e) of a (rows, cols) parameter into a file that holds its transpose.
+// read(flat, k, dst): k `from` elements from row-major index `flat`; write(at, k, src): k `to`
+// elements at the file tensor's element index `at`.
+template <class Read, class Write>
+void copy_to_transposed(char* chunk, std::size_t chunk_bytes, std::uint64_t rows, std::uint64_t cols, std::uint64_t b,
+                        std::uint64_t e, dtype from, dtype to, Read&& read, Write&& write) {
+  const std::uint64_t k_max = transposed_chunk_numel(chunk_bytes, from, to);
+  char* converted = chunk + k_max * size_of(from);
+  char* flipped = converted + k_max * size_of(to);
+  for_each_block(cols, b, e, k_max, [&](const matrix_block& k) {
+    for (std::uint64_t r = 0; r < k.rows(); ++r)
+      read((k.i0 + r) * cols + k.j0, k.cols(), chunk + r * k.cols() * size_of(from));
+    convert(chunk, from, converted, to, k.rows() * k.cols());
+    transpose_bytes(converted, flipped, k.rows(), k.cols(), size_of(to));
+    for (std::uint64_t c = 0; c < k.cols(); ++c)
+      write((k.j0 + c) * rows + k.i0, k.rows(), flipped + c * k.rows() * size_of(to));
+  });
+}
+
+// The whole transposed tensor in file order (a sequential writer): write(src, k).
+template <class Read, class Write>
+void copy_transposed_in_file_order(char* chunk, std::size_t chunk_bytes, std::uint64_t rows, std::uint64_t cols,
+                                   dtype from, dtype to, Read&& read, Write&& write) {
+  const std::uint64_t k_max = transposed_chunk_numel(chunk_bytes, from, to);
+  char* converted = chunk + k_max * size_of(from);
+  char* flipped = converted + k_max * size_of(to);
+  // blocks of the file's (cols, rows) matrix: its rows are the parameter's columns
+  for_each_block(rows, 0, rows * cols, k_max, [&](const matrix_block& k) {
+    for (std::uint64_t s = 0; s < k.cols(); ++s)  // the parameter's row k.j0 + s, columns [k.i0, k.i1)
+      read((k.j0 + s) * cols + k.i0, k.rows(), chunk + s * k.rows() * size_of(from));
+    convert(chunk, from, converted, to, k.rows() * k.cols());
+    transpose_bytes(converted, flipped, k.cols(), k.rows(), size_of(to));
+    write(flipped, k.rows() * k.cols());
+  });
+}
+}  // namespace detail
 
 inline void check_export_options(const export_options& o) {
   ZSHARD_REQUIRE(o.source == state_field::working || o.source == state_field::master, error_kind::usage,
@@ -61,82 +109,155 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
   const int shard_rank = eng.comm().rank();
   const bool writes = replica_of(eng) == 0;
   const std::string what = "export to '" + out + "'";
+  const io_hook* hook = o.hook ? &o.hook : nullptr;
   const manifest m = describe_engine(eng);
   const std::string tmp = out + ".zshard-export.tmp", data = tmp + "/data.safetensors";
   const std::string markers = tmp + "/markers";
   std::vector<std::uint64_t> offsets;
   const std::string header = make_header(export_plan(m.params, o.type), {{"format", "pt"}}, &offsets);
-  agree(eng, what, [&] {
-    if (rank != 0) return;
-    std::error_code ec;
-    std::filesystem::remove_all(tmp, ec);
-    make_directories(markers);
-    file_handle f = file_handle::create(data);
-    f.write_all(header.data(), header.size(), o.hook);
-    std::uint64_t end = header.size();
-    for (const auto& t : export_plan(m.params, o.type)) end += t.bytes();
-    f.truncate(end);
-    f.close();
-  });
-  write_and_meet(
-      markers, rank, world, o.io_timeout, what,
-      [&] {
-        host_staging chunk(eng.backend(), o.chunk_bytes);
-        file_handle f(data, O_WRONLY);
-        for (param_id p = 0; writes && p < m.params.size(); ++p) {
-          const auto& mp = m.params[p];
-          const auto [b, e] = mp.stored_range(shard_rank);  // the elements this rank's checkpoint file would hold
-          const state_field fld = mp.trainable ? o.source : state_field::working;
-          const std::uint64_t base = header.size() + offsets[p] + b * size_of(o.type);
-          stream_shard(eng, p, fld, e - b, field_dtype(mp, fld), o.type, chunk,
-                       [&](std::uint64_t first, std::size_t k, const void* src) {
-                         f.write_at(base + first * size_of(o.type), src, k * size_of(o.type), o.hook);
-                       });
-        }
-        f.sync();
-        f.close();
-        return std::string("ok");
-      },
-      [] {});
-  agree(eng, what, [&] {
-    if (rank == 0) rename_into_place(data, out);
-  });
-  std::error_code ec;
-  if (rank == 0) std::filesystem::remove_all(tmp, ec);  // every rank is past reading the markers
+  try {
+    agree(eng, what, [&] {
+      if (rank != 0) return;
+      std::error_code ec;
+      if (std::filesystem::is_directory(out, ec))
+        throw error(error_kind::io, "'" + out + "' is a directory",
+                    "name the output file, e.g. '" + (std::filesystem::path(out) / "model.safetensors").string() + "'");
+      remove_tree(tmp, hook);
+      make_directories(markers, hook);
+      prepare_markers(markers, world, hook);
+      file_handle f = file_handle::create(data, hook);
+      f.write_all(header.data(), header.size());
+      std::uint64_t end = header.size();
+      for (const auto& t : export_plan(m.params, o.type)) end += t.bytes();
+      f.truncate(end);
+      f.close();
+    });
+    write_and_meet(
+        eng, markers, o.io_timeout, what,
+        [&] {
+          host_staging chunk(eng.backend(), o.chunk_bytes);
+          file_handle f(data, O_WRONLY, 0644, hook);
+          for (param_id p = 0; writes && p < m.params.size(); ++p) {
+            const auto& mp = m.params[p];
+            const auto [b, e] = mp.replicated ? (shard_rank == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, mp.numel}
+                                                           : std::pair<std::uint64_t, std::uint64_t>{0, 0})
+                                              : held_range(eng, p);
+            const state_field fld = mp.trainable ? o.source : state_field::working;
+            const dtype from = fld == state_field::working ? mp.type : dtype::f32;
+            if (mp.file_transposed) {
+              const std::uint64_t start = header.size() + offsets[p];
+              detail::copy_to_transposed(
+                  chunk.bytes_at(0), chunk.bytes(), std::uint64_t(mp.shape[0]), std::uint64_t(mp.shape[1]), b, e, from,
+                  o.type, [&](std::uint64_t g, std::size_t k, void* dst) { eng.read_shard(p, fld, g - b, dst, k); },
+                  [&](std::uint64_t at, std::size_t k, const void* src) {
+                    f.write_at(start + at * size_of(o.type), src, k * size_of(o.type));
+                  });
+              continue;
+            }
+            const std::uint64_t base = header.size() + offsets[p] + b * size_of(o.type);
+            chunked_copy(
+                chunk.bytes_at(0), chunk.bytes(), e - b, from, o.type,
+                [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, fld, first, dst, k); },
+                [&](std::uint64_t first, std::size_t k, const void* src) {
+                  f.write_at(base + first * size_of(o.type), src, k * size_of(o.type));
+                });
+          }
+          f.sync();
+          f.close();
+          return std::string("ok");
+        },
+        [] {}, hook);
+    agree(eng, what, [&] {
+      if (rank != 0) return;
+      rename_path(data, out, hook);
+      const auto parent = std::filesystem::path(out).parent_path().string();
+      sync_directory(parent.empty() ? "." : parent, hook);
+    });
+  } catch (...) {
+    // Every rank fails at the same point (agree and write_and_meet fail on all alike): once all
+    // are past the markers, rank 0 removes what the export wrote, so nothing is left behind
+    // (unless the communicator failed too: then a peer may still be reading the markers).
+    const std::exception_ptr failure = std::current_exception();
+    bool all_past = false;
+    try {
+      agree(eng, what, [] {});
+      all_past = true;
+    } catch (...) {
+    }
+    if (all_past && rank == 0) try {
+        remove_tree(tmp, hook);
+      } catch (const error&) {  // leftovers: the next export to `out` removes them
+      }
+    std::rethrow_exception(failure);
+  }
+  if (rank == 0) try {  // every rank is past reading the markers
+      remove_tree(tmp, hook);
+    } catch (const error&) {  // leftovers: the next export to `out` removes them
+    }
 }
 
 // A sharded checkpoint (a checkpoint directory, or a directory with `latest`) to one file.
 inline void export_checkpoint(const std::string& checkpoint, const std::string& out, const export_options& o = {}) {
   check_export_options(o);
-  const std::string dir = resolve_checkpoint(checkpoint);
+  const io_hook* hook = o.hook ? &o.hook : nullptr;
+  const std::string dir = resolve_checkpoint(checkpoint, hook);
   const std::string mpath = dir + "/" + manifest_file_name;
-  const manifest m = manifest::parse(read_small_file(mpath), mpath);
+  const manifest m = manifest::parse(read_small_file(mpath, std::size_t{64} << 20, hook), mpath);
   std::vector<std::unique_ptr<safetensors_file>> files;
   offload::host_memory mem("host (export staging)", std::nullopt, true);
   buffer<offload::host_memory> chunk(mem, dtype::f32, (o.chunk_bytes + 3) / 4, mem_category::scratch);
   for (int q = 0; q < m.world_size; ++q) {
     const auto& mf = m.files[static_cast<std::size_t>(q)];
-    files.push_back(std::make_unique<safetensors_file>(dir + "/" + mf.name));
+    files.push_back(std::make_unique<safetensors_file>(dir + "/" + mf.name, hook));
     if (files.back()->size() != mf.bytes)
       throw error(error_kind::io, "'" + files.back()->path() + "' has " + std::to_string(files.back()->size()) +
                                       " bytes, the manifest says " + std::to_string(mf.bytes) +
                                       " (truncated or replaced)");
     verify_file(*files.back(), mf);
   }
+  std::error_code ec;
+  if (std::filesystem::is_directory(out, ec))
+    throw error(error_kind::io, "export to '" + out + "': it is a directory",
+                "name the output file, e.g. '" + (std::filesystem::path(out) / "model.safetensors").string() + "'");
   const std::string tmp = out + ".zshard-export.tmp";
-  {
-    safetensors_writer w(tmp, export_plan(m.params, o.type), {{"format", "pt"}}, o.hook);
+  try {
+    safetensors_writer w(tmp, export_plan(m.params, o.type), {{"format", "pt"}}, hook);
     for (const auto& mp : m.params) {
       const state_field fld = mp.trainable ? o.source : state_field::working;
-      const dtype from = field_dtype(mp, fld);
-      for (int q = 0; q < m.world_size; ++q) {
+      const dtype from = fld == state_field::working ? mp.type : dtype::f32;
+      // a tensor's piece in rank q's file, checked against the manifest
+      const auto stored = [&](int q) -> const tensor_entry& {
         const auto [sb, se] = mp.stored_range(q);
-        if (sb >= se) continue;
         const safetensors_file& f = *files[static_cast<std::size_t>(q)];
         const tensor_entry* t = f.find(field_tensor(mp.name, fld));
         if (!t || t->numel() != se - sb || t->type != file_dtype_of(from))
           throw error(error_kind::io, "'" + f.path() + "' lacks tensor '" + field_tensor(mp.name, fld) + "'",
                       "the rank file does not belong to this manifest");
+        return *t;
+      };
+      if (mp.file_transposed) {
+        // elements [g, g + k) of the parameter, from whichever rank files hold them
+        const auto read = [&](std::uint64_t g, std::size_t k, void* dst) {
+          for (int q = 0; q < m.world_size && k > 0; ++q) {
+            const auto [sb, se] = mp.stored_range(q);
+            if (g < sb || g >= se) continue;
+            const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(k, se - g));
+            files[static_cast<std::size_t>(q)]->read(stored(q), g - sb, n, dst);
+            dst = static_cast<char*>(dst) + n * size_of(from);
+            g += n;
+            k -= n;
+          }
+        };
+        detail::copy_transposed_in_file_order(
+            static_cast<char*>(chunk.data()), chunk.bytes(), std::uint64_t(mp.shape[0]), std::uint64_t(mp.shape[1]),
+            from, o.type, read, [&](const void* src, std::size_t k) { w.write(src, k * size_of(o.type)); });
+        continue;
+      }
+      for (int q = 0; q < m.world_size; ++q) {
+        const auto [sb, se] = mp.stored_range(q);
+        if (sb >= se) continue;
+        const safetensors_file& f = *files[static_cast<std::size_t>(q)];
+        const tensor_entry* t = &stored(q);
         chunked_copy(
             static_cast<char*>(chunk.data()), chunk.bytes(), se - sb, from, o.type,
             [&](std::uint64_t first, std::size_t k, void* dst) { f.read(*t, first, k, dst); },
@@ -144,8 +265,13 @@ inline void export_checkpoint(const std::string& checkpoint, const std::string& 
       }
     }
     w.finish();
+    rename_path(tmp, out, hook);
+  } catch (...) {
+    std::filesystem::remove(tmp, ec);  // a failed export leaves nothing behind
+    throw;
   }
-  rename_into_place(tmp, out);
+  const auto parent = std::filesystem::path(out).parent_path().string();
+  sync_directory(parent.empty() ? "." : parent, hook);
 }
 
 }  // namespace zshard::checkpoint

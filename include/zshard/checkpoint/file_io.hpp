@@ -1,9 +1,11 @@
 #pragma once
 // POSIX file primitives for checkpoints, each failure a zshard::error (io) that names the file
 // and the system's reason: positioned reads of byte ranges (pread: ranks read their own ranges
-// of shared files without a shared file position), sequential writes that an injected hook can
-// fail or slow down (tests: a full disk, a slow disk), fsync of files and directories, and the
-// atomic rename a save commits with.
+// of shared files without a shared file position), sequential and positioned writes, fsync of
+// files and directories, the atomic rename a save commits with, and removal. Every call that
+// changes or reads a file passes through an optional io_hook first (io_hook.hpp: tests inject
+// a full disk, a slow disk, a truncated file or a crash at any call).
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,16 +14,13 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <string>
+#include <vector>
 
+#include "zshard/checkpoint/io_hook.hpp"
 #include "zshard/core/error.hpp"
 
 namespace zshard::checkpoint {
-
-// Called before every write with the file, the offset and the size; it may throw (an injected
-// full disk) or sleep (a slow disk). Empty: no hook.
-using write_hook = std::function<void(const std::string& path, std::uint64_t offset, std::size_t bytes)>;
 
 [[noreturn]] inline void throw_io(const std::string& what, const std::string& path, int err,
                                   const std::string& hint = {}) {
@@ -31,25 +30,41 @@ using write_hook = std::function<void(const std::string& path, std::uint64_t off
 class file_handle {
  public:
   file_handle() = default;
-  file_handle(const std::string& path, int flags, mode_t mode = 0644) : path_(path) {
-    do fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-    while (fd_ < 0 && errno == EINTR);
-    if (fd_ < 0)
-      throw_io((flags & (O_WRONLY | O_RDWR)) ? "cannot create" : "cannot open", path, errno,
-               (flags & (O_WRONLY | O_RDWR)) ? "check that the directory exists, is writable and has free space"
-                                             : "check the path; a checkpoint needs every file its manifest lists");
+  // `hook` (may be null) sees every call on this file; it must outlive the handle.
+  file_handle(const std::string& path, int flags, mode_t mode = 0644, const io_hook* hook = nullptr)
+      : path_(path), hook_(hook) {
+    const bool writing = (flags & (O_WRONLY | O_RDWR)) != 0;
+    int err = injected_errno(hook_, {writing ? io_call::create : io_call::open, path_});
+    if (!err) {
+      do fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+      while (fd_ < 0 && errno == EINTR);
+      if (fd_ < 0) err = errno;
+    }
+    if (err)
+      throw_io(writing ? "cannot create" : "cannot open", path, err,
+               writing ? "check that the directory exists, is writable and has free space"
+                       : "check the path; a checkpoint needs every file its manifest lists");
   }
-  static file_handle read_only(const std::string& path) { return file_handle(path, O_RDONLY); }
-  static file_handle create(const std::string& path) { return file_handle(path, O_WRONLY | O_CREAT | O_TRUNC); }
+  static file_handle read_only(const std::string& path, const io_hook* hook = nullptr) {
+    return file_handle(path, O_RDONLY, 0, hook);
+  }
+  static file_handle create(const std::string& path, const io_hook* hook = nullptr) {
+    return file_handle(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, hook);
+  }
 
   file_handle(const file_handle&) = delete;
   file_handle& operator=(const file_handle&) = delete;
-  file_handle(file_handle&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+  file_handle(file_handle&& o) noexcept
+      : fd_(o.fd_), path_(std::move(o.path_)), hook_(o.hook_), written_(o.written_) {
+    o.fd_ = -1;
+  }
   file_handle& operator=(file_handle&& o) noexcept {
     if (this != &o) {
       close_quietly();
       fd_ = o.fd_;
       path_ = std::move(o.path_);
+      hook_ = o.hook_;
+      written_ = o.written_;
       o.fd_ = -1;
     }
     return *this;
@@ -68,6 +83,8 @@ class file_handle {
 
   // Exactly `bytes` from `offset`, or an error naming the file (a short read is a truncated file).
   void read_at(std::uint64_t offset, void* dst, std::size_t bytes) const {
+    if (const int err = injected_errno(hook_, {io_call::read, path_, offset, bytes}))
+      throw_io("read failed on", path_, err);
     auto* p = static_cast<char*>(dst);
     while (bytes > 0) {
       const ssize_t r = ::pread(fd_, p, bytes, static_cast<off_t>(offset));
@@ -86,8 +103,9 @@ class file_handle {
   }
 
   // Appends at the current position (files are written front to back).
-  void write_all(const void* src, std::size_t bytes, const write_hook& hook = {}) {
-    if (hook) hook(path_, written_, bytes);
+  void write_all(const void* src, std::size_t bytes) {
+    if (const int err = injected_errno(hook_, {io_call::write, path_, written_, bytes}))
+      throw_io("write failed on", path_, err, "free space on the disk, or save to another directory");
     const auto* p = static_cast<const char*>(src);
     while (bytes > 0) {
       const ssize_t w = ::write(fd_, p, bytes);
@@ -103,8 +121,9 @@ class file_handle {
   std::uint64_t written() const noexcept { return written_; }
 
   // At `offset`, leaving the file position alone (ranks writing their parts of one file).
-  void write_at(std::uint64_t offset, const void* src, std::size_t bytes, const write_hook& hook = {}) {
-    if (hook) hook(path_, offset, bytes);
+  void write_at(std::uint64_t offset, const void* src, std::size_t bytes) {
+    if (const int err = injected_errno(hook_, {io_call::write, path_, offset, bytes}))
+      throw_io("write failed on", path_, err, "free space on the disk, or write to another directory");
     const auto* p = static_cast<const char*>(src);
     while (bytes > 0) {
       const ssize_t w = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
@@ -118,17 +137,24 @@ class file_handle {
     }
   }
   void truncate(std::uint64_t bytes) {
-    if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) throw_io("cannot size", path_, errno);
+    int err = injected_errno(hook_, {io_call::truncate, path_, bytes});
+    if (!err && ::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) err = errno;
+    if (err) throw_io("cannot size", path_, err, "free space on the disk, or write to another directory");
   }
 
   void sync() {
-    if (::fsync(fd_) != 0) throw_io("fsync failed on", path_, errno, "free space on the disk, or check the device");
+    int err = injected_errno(hook_, {io_call::sync, path_});
+    if (!err && ::fsync(fd_) != 0) err = errno;
+    if (err) throw_io("fsync failed on", path_, err, "free space on the disk, or check the device");
   }
   void close() {
     if (fd_ < 0) return;
     const int fd = fd_;
     fd_ = -1;
-    if (::close(fd) != 0) throw_io("close failed on", path_, errno);
+    int err = injected_errno(hook_, {io_call::close, path_});
+    if (err) ::close(fd);
+    else if (::close(fd) != 0) err = errno;
+    if (err) throw_io("close failed on", path_, err);
   }
 
  private:
@@ -138,23 +164,27 @@ class file_handle {
   }
   int fd_ = -1;
   std::string path_;
+  const io_hook* hook_ = nullptr;
   std::uint64_t written_ = 0;
 };
 
 // Makes a rename or a new entry in `dir` durable.
-inline void sync_directory(const std::string& dir) {
-  file_handle d(dir, O_RDONLY | O_DIRECTORY);
+inline void sync_directory(const std::string& dir, const io_hook* hook = nullptr) {
+  file_handle d(dir, O_RDONLY | O_DIRECTORY, 0, hook);
   d.sync();
 }
 
 // rename(2): atomic replacement of `to` on POSIX file systems.
-inline void rename_path(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) throw_io("cannot rename '" + from + "' to", to, errno);
+inline void rename_path(const std::string& from, const std::string& to, const io_hook* hook = nullptr) {
+  int err = injected_errno(hook, {io_call::rename, from, 0, 0, &to});
+  if (!err && ::rename(from.c_str(), to.c_str()) != 0) err = errno;
+  if (err) throw_io("cannot rename '" + from + "' to", to, err);
 }
 
-// A whole small file (manifests, pointers, markers).
-inline std::string read_small_file(const std::string& path, std::size_t limit = std::size_t{64} << 20) {
-  file_handle f = file_handle::read_only(path);
+// A whole small file (manifests, pointers).
+inline std::string read_small_file(const std::string& path, std::size_t limit = std::size_t{64} << 20,
+                                   const io_hook* hook = nullptr) {
+  file_handle f = file_handle::read_only(path, hook);
   const std::uint64_t n = f.size();
   if (n > limit)
     throw error(error_kind::io, "'" + path + "' has " + std::to_string(n) + " bytes, more than the " +
@@ -166,20 +196,53 @@ inline std::string read_small_file(const std::string& path, std::size_t limit = 
 }
 
 // Writes `text` to path (fsynced). Not atomic by itself: write to a temporary name and rename.
-inline void write_small_file(const std::string& path, const std::string& text, const write_hook& hook = {}) {
-  file_handle f = file_handle::create(path);
-  f.write_all(text.data(), text.size(), hook);
+inline void write_small_file(const std::string& path, const std::string& text, const io_hook* hook = nullptr) {
+  file_handle f = file_handle::create(path, hook);
+  if (!text.empty()) f.write_all(text.data(), text.size());
   f.sync();
   f.close();
 }
 
 // Creates `dir` (and its parents) or reports why not, naming it.
-inline void make_directories(const std::string& dir) {
+inline void make_directories(const std::string& dir, const io_hook* hook = nullptr) {
   std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    if (const int err = injected_errno(hook, {io_call::make_directory, dir}))
+      throw error(error_kind::io, "cannot create directory '" + dir + "': " + std::strerror(err),
+                  "choose a writable directory for checkpoints");
   std::filesystem::create_directories(dir, ec);
   if (ec || !std::filesystem::is_directory(dir))
     throw error(error_kind::io, "cannot create directory '" + dir + "': " + (ec ? ec.message() : "not a directory"),
                 "choose a writable directory for checkpoints");
+}
+
+// Removes one file or empty directory; a missing one is not an error.
+inline void remove_path(const std::string& path, const io_hook* hook = nullptr) {
+  int err = injected_errno(hook, {io_call::remove, path});
+  if (!err && ::remove(path.c_str()) != 0 && errno != ENOENT) err = errno;
+  if (err) throw_io("cannot remove", path, err);
+}
+
+// Removes `path` and, for a directory, everything in it, one entry at a time (each a call the
+// hook sees: a crash can stop it anywhere). A missing path is not an error.
+inline void remove_tree(const std::string& path, const io_hook* hook = nullptr) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    throw_io("cannot remove", path, errno);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    std::vector<std::string> names;
+    if (DIR* d = ::opendir(path.c_str())) {
+      while (const dirent* e = ::readdir(d))
+        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+      ::closedir(d);
+    } else if (errno != ENOENT) {
+      throw_io("cannot list", path, errno);
+    }
+    for (const auto& n : names) remove_tree(path + "/" + n, hook);
+  }
+  remove_path(path, hook);
 }
 
 }  // namespace zshard::checkpoint

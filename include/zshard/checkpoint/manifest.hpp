@@ -18,7 +18,11 @@
 //      without a gradient in a step is not updated, so its count lags the step); every count
 //      is an integer in [0, run.step]. Counts are per parameter, not per rank: any world size
 //      loads them (resharding).
+//   3  "manifest_crc32c", the last field: CRC32C of every byte of the file before its key
+//      (seal_manifest). Any change to the file, a single byte anywhere, is refused; a version 1
+//      or 2 manifest has none and still loads, with a note in the log.
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -27,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "zshard/checkpoint/crc32c.hpp"
 #include "zshard/checkpoint/safetensors_format.hpp"
 #include "zshard/model/model_spec.hpp"
 #include "zshard/partition/shard_layout.hpp"
@@ -35,7 +40,7 @@
 namespace zshard::checkpoint {
 
 inline constexpr const char* manifest_format = "zshard-checkpoint";
-inline constexpr int manifest_version = 2;         // written
+inline constexpr int manifest_version = 3;         // written
 inline constexpr int manifest_oldest_version = 1;  // still read
 
 struct manifest_param {
@@ -45,6 +50,12 @@ struct manifest_param {
   bool trainable = true, decay = true;
   std::uint64_t numel = 0, shard_numel = 0;
   bool replicated = false;
+  bool file_transposed = false;  // exports write it as its transpose ("file_transposed": true; absent: false)
+
+  // Its shape in an export: reversed when the files hold the transpose.
+  std::vector<std::int64_t> file_shape() const {
+    return file_transposed ? std::vector<std::int64_t>(shape.rbegin(), shape.rend()) : shape;
+  }
 
   // The elements rank q's file holds: [first, second).
   std::pair<std::uint64_t, std::uint64_t> stored_range(int q) const noexcept {
@@ -71,6 +82,44 @@ inline std::string rank_file_name(int q) {
 }
 inline constexpr const char* user_state_file = "user_state.bin";
 
+// The manifest's own checksum: the file ends with `"manifest_crc32c": N\n}\n`, N the CRC32C of
+// every byte before the key. It covers the raw text, not a re-serialisation: a change of a
+// digit, a key, the version, even of white space, is refused.
+inline constexpr const char* manifest_checksum_key = "manifest_crc32c";
+
+// `json_object` (the text of a JSON object) with the checksum added as its last field.
+inline std::string seal_manifest(std::string json_object) {
+  auto trim = [&] {
+    while (!json_object.empty() && std::isspace(static_cast<unsigned char>(json_object.back()))) json_object.pop_back();
+  };
+  trim();
+  ZSHARD_REQUIRE(json_object.size() >= 2 && json_object.front() == '{' && json_object.back() == '}', error_kind::usage,
+                 "seal_manifest: the text is not a JSON object");
+  json_object.pop_back();
+  trim();
+  const std::string body = json_object + (json_object.back() == '{' ? "\n " : ",\n ");
+  return body + "\"" + manifest_checksum_key + "\": " + std::to_string(crc32c_of(body.data(), body.size())) + "\n}\n";
+}
+
+// Throws unless `text` (which parsed as `j`, holding the checksum key) is exactly what
+// seal_manifest writes for its bytes before the key.
+inline void check_manifest_seal(const std::string& text, const nlohmann::json& j, const std::string& path) {
+  const std::string key = "\"" + std::string(manifest_checksum_key) + "\": ";
+  const auto at = text.rfind(key);
+  const std::string body = at == std::string::npos ? text : text.substr(0, at);
+  const std::uint32_t got = crc32c_of(body.data(), body.size());
+  if (at != std::string::npos && text == body + key + std::to_string(got) + "\n}\n") return;
+  const nlohmann::json& stated = j.at(manifest_checksum_key);
+  char buf[96];
+  if (stated.is_number_unsigned() && stated.get<std::uint64_t>() != got && at != std::string::npos)
+    std::snprintf(buf, sizeof buf, " (CRC32C %08x of its text, the manifest says %08llx)", got,
+                  static_cast<unsigned long long>(stated.get<std::uint64_t>()));
+  else
+    std::snprintf(buf, sizeof buf, " (its \"%s\" field is not the last line zshard writes)", manifest_checksum_key);
+  throw error(error_kind::io, "'" + path + "' fails its checksum" + std::string(buf) + ": the manifest is damaged",
+              "restore manifest.json from a copy, or load an earlier checkpoint");
+}
+
 inline std::optional<dtype> parse_dtype(const std::string& s) {
   if (s == "f32") return dtype::f32;
   if (s == "bf16") return dtype::bf16;
@@ -87,6 +136,7 @@ struct manifest {
   // params[i]'s AdamW update count (version 2); none in a version 1 manifest.
   std::optional<std::vector<std::int64_t>> update_counts;
   int version = manifest_version;
+  bool checksummed = true;  // false: a version 1 or 2 manifest, which has no checksum of its own
 
   std::string to_json() const {
     nlohmann::ordered_json j;
@@ -100,7 +150,7 @@ struct manifest {
                 {"overflows_at_min_scale", run.scaler.overflows_at_min_scale},
                 {"good_steps_in_row", run.scaler.good_steps_in_row}};
     auto& ps = j["params"] = nlohmann::ordered_json::array();
-    for (const auto& p : params)
+    for (const auto& p : params) {
       ps.push_back({{"name", p.name},
                     {"shape", p.shape},
                     {"dtype", std::string(to_string(p.type))},
@@ -109,6 +159,8 @@ struct manifest {
                     {"numel", p.numel},
                     {"shard_numel", p.shard_numel},
                     {"replicated", p.replicated}});
+      if (p.file_transposed) ps.back()["file_transposed"] = true;  // only when set: older readers' manifests stay as they were
+    }
     auto file_json = [](const manifest_file& f) {
       return nlohmann::ordered_json{{"name", f.name}, {"bytes", f.bytes}, {"crc32c", f.crc32c}};
     };
@@ -116,14 +168,15 @@ struct manifest {
     for (const auto& f : files) fs.push_back(file_json(f));
     if (user_state) j["user_state"] = file_json(*user_state);
     if (update_counts) j["update_counts"] = *update_counts;
-    return j.dump(1);
+    return seal_manifest(j.dump(1));
   }
 
   // "update_counts": one integer per parameter, each in [0, run.step] (a parameter is updated
   // at most once per step).
   template <class Bad>
   static std::vector<std::int64_t> parse_update_counts(const nlohmann::json& j, const manifest& m, Bad&& bad) {
-    if (!j.contains("update_counts")) throw bad("format version 2 without \"update_counts\"");
+    if (!j.contains("update_counts"))
+      throw bad("format version " + std::to_string(m.version) + " without \"update_counts\"");
     const auto& a = j.at("update_counts");
     if (!a.is_array()) throw bad("\"update_counts\" is not an array");
     if (a.size() != m.params.size())
@@ -153,6 +206,8 @@ struct manifest {
     };
     json j = json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
+    const bool sealed = j.contains(manifest_checksum_key);
+    if (sealed) check_manifest_seal(text, j, path);  // before anything of it is believed
     try {
       if (j.at("format").get<std::string>() != manifest_format)
         throw bad("format is not " + std::string(manifest_format));
@@ -162,8 +217,11 @@ struct manifest {
                     "'" + path + "' has checkpoint format version " + std::to_string(version) + ", this zshard reads " +
                         std::to_string(manifest_oldest_version) + " to " + std::to_string(manifest_version),
                     "load it with the zshard version that wrote it and export it, or retrain");
+      if (version >= 3 && !sealed)
+        throw bad("format version " + std::to_string(version) + " without \"" + manifest_checksum_key + "\"");
       manifest m;
       m.version = version;
+      m.checksummed = sealed;
       m.world_size = j.at("world_size").get<int>();
       if (m.world_size < 1) throw bad("world_size < 1");
       const json& r = j.at("run");
@@ -185,6 +243,8 @@ struct manifest {
         mp.numel = p.at("numel").get<std::uint64_t>();
         mp.shard_numel = p.at("shard_numel").get<std::uint64_t>();
         mp.replicated = p.at("replicated").get<bool>();
+        mp.file_transposed = p.contains("file_transposed") && p.at("file_transposed").get<bool>();
+        if (mp.file_transposed && mp.shape.size() != 2) throw bad("parameter '" + mp.name + "' is file_transposed but not 2-D");
         std::uint64_t n = 1;
         for (auto d : mp.shape) n *= static_cast<std::uint64_t>(d < 0 ? 0 : d);
         if (n != mp.numel || (!mp.replicated && mp.shard_numel * std::uint64_t(m.world_size) < mp.numel))
@@ -231,6 +291,9 @@ inline std::vector<std::string> compare_models(const manifest& m, const model_sp
     if (p.trainable != it->trainable)
       out.push_back("'" + p.name + "' is " + (p.trainable ? "trainable" : "frozen") + " in the model, " +
                     (it->trainable ? "trainable" : "frozen") + " in the checkpoint");
+    if (p.decay != it->decay)
+      out.push_back("'" + p.name + "' has weight decay " + (p.decay ? "on" : "off") + " in the model, " +
+                    (it->decay ? "on" : "off") + " in the checkpoint (manifest \"decay\")");
     (void)param_dtype;  // a different working dtype is converted on load
   }
   for (std::size_t i = 0; i < m.params.size(); ++i)

@@ -11,7 +11,10 @@
 // (shape, or a dtype other than F32/BF16/F16) are reported in one error, on every rank.
 // Values are converted to the parameter's dtype and to the f32 master (bf16/f16 -> f32 is
 // exact; f32 -> bf16/f16 rounds to nearest even). Optimizer moments and counters are left as
-// they are (zero in a fresh engine).
+// they are (zero in a fresh engine). A parameter registered with param_options::file_transposed
+// is read as the transpose of the file's tensor (shape reversed: torch's (out, in) for a weight
+// the model keeps as (in, out)), the layout export_engine writes.
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -22,12 +25,13 @@
 #include "zshard/checkpoint/host_staging.hpp"
 #include "zshard/checkpoint/safetensors_reader.hpp"
 #include "zshard/checkpoint/sharded_load.hpp"
+#include "zshard/checkpoint/transposed_copy.hpp"
 
 namespace zshard::checkpoint {
 
 struct pretrained_options {
-  std::map<std::string, std::string> rename;                 // model name -> name in the files
-  std::function<std::string(const std::string&)> name_map;   // model name -> name in the files (wins over rename)
+  std::map<std::string, std::string> rename{};                // model name -> name in the files
+  std::function<std::string(const std::string&)> name_map{};  // model name -> name in the files (wins over rename)
   bool allow_unexpected = false;                             // tensors in the files no parameter maps to
   std::size_t chunk_bytes = std::size_t{64} << 20;           // host memory each rank moves data through
 };
@@ -41,6 +45,35 @@ inline std::string file_name_for(const pretrained_options& o, const std::string&
   if (o.name_map) return o.name_map(model_name);
   auto it = o.rename.find(model_name);
   return it == o.rename.end() ? model_name : it->second;
+}
+
+// This rank's elements [b, e) of a (rows, cols) parameter from a file holding its transpose.
+// Chunk: the file's elements | the same transposed | f32 | working.
+template <class Engine, class Staging>
+void load_transposed(Engine& eng, param_id p, const safetensors_file& f, const tensor_entry& t, std::uint64_t b,
+                     std::uint64_t e, Staging& chunk, bool trainable) {
+  const auto& shape = eng.spec().params()[p].shape;
+  const auto rows = static_cast<std::uint64_t>(shape[0]), cols = static_cast<std::uint64_t>(shape[1]);
+  const dtype from = *param_dtype_of(t.type), work = eng.store()[p].type;
+  const std::size_t per = 2 * size_of(from) + 4 + size_of(work);
+  const std::uint64_t k_max = chunk.bytes() / per / 16 * 16;
+  ZSHARD_REQUIRE(k_max > 0, error_kind::config, "pretrained_options::chunk_bytes is too small");
+  char* raw = chunk.bytes_at(0);
+  char* flipped = chunk.bytes_at(k_max * size_of(from));
+  auto* f32 = reinterpret_cast<float*>(chunk.bytes_at(2 * k_max * size_of(from)));
+  char* working = chunk.bytes_at(k_max * (2 * size_of(from) + 4));
+  for_each_block(cols, b, e, k_max, [&](const matrix_block& k) {
+    for (std::uint64_t c = 0; c < k.cols(); ++c)  // the file's row j0 + c: column j0 + c of the parameter
+      f.read(t, (k.j0 + c) * rows + k.i0, k.rows(), raw + c * k.rows() * size_of(from));
+    transpose_bytes(raw, flipped, k.cols(), k.rows(), size_of(from));
+    convert(flipped, from, f32, dtype::f32, k.rows() * k.cols());
+    convert(f32, dtype::f32, working, work, k.rows() * k.cols());
+    for (std::uint64_t r = 0; r < k.rows(); ++r) {
+      const std::uint64_t at = (k.i0 + r) * cols + k.j0 - b;
+      if (trainable) eng.write_shard(p, state_field::master, at, f32 + r * k.cols(), k.cols());
+      eng.write_shard(p, state_field::working, at, working + r * k.cols() * size_of(work), k.cols());
+    }
+  });
 }
 
 template <class Engine>
@@ -68,10 +101,16 @@ pretrained_report load_pretrained(Engine& eng, const std::string& path, const pr
       used[fname] = true;
       std::vector<std::int64_t> dims;
       for (int i = 0; i < ps.shape.rank(); ++i) dims.push_back(ps.shape[i]);
-      std::string fs = "[";
-      for (std::size_t i = 0; i < t->shape.size(); ++i) fs += (i ? ", " : "") + std::to_string(t->shape[i]);
-      fs += "]";
-      if (dims != t->shape) mismatched.push_back(label + ": model " + ps.shape.to_string() + ", file " + fs);
+      if (ps.file_transposed) std::reverse(dims.begin(), dims.end());
+      const auto show = [](const std::vector<std::int64_t>& d) {
+        std::string out = "[";
+        for (std::size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
+        return out + "]";
+      };
+      if (dims != t->shape)
+        mismatched.push_back(label + ": model " + ps.shape.to_string() +
+                             (ps.file_transposed ? ", held transposed, so the file should hold " + show(dims) : "") +
+                             ", file " + show(t->shape));
       if (!param_dtype_of(t->type)) mismatched.push_back(label + ": dtype " + safetensors_name(t->type) + " is not F32/BF16/F16");
     }
     for (const auto& l : src->tensors())
@@ -107,6 +146,11 @@ pretrained_report load_pretrained(Engine& eng, const std::string& path, const pr
       char* raw = chunk->bytes_at(0);
       auto* f32 = reinterpret_cast<float*>(chunk->bytes_at(k_max * size_of(from)));
       char* working = chunk->bytes_at(k_max * (size_of(from) + 4));
+      if (eng.spec().params()[p].file_transposed) {
+        load_transposed(eng, p, f, t, b, e, *chunk, trainable);
+        ++rep.loaded;
+        continue;
+      }
       for (std::uint64_t g = b; g < e;) {
         const auto k = static_cast<std::size_t>(std::min<std::uint64_t>(k_max, e - g));
         f.read(t, g, k, raw);

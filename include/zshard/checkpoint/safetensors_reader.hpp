@@ -23,7 +23,9 @@ namespace zshard::checkpoint {
 
 class safetensors_file {
  public:
-  explicit safetensors_file(const std::string& path) : file_(file_handle::read_only(path)) {
+  // `hook` (may be null; tests) sees every read of the file and must outlive it.
+  explicit safetensors_file(const std::string& path, const io_hook* hook = nullptr)
+      : file_(file_handle::read_only(path, hook)) {
     size_ = file_.size();
     if (size_ < 8)
       detail::bad_file(path, "it has " + std::to_string(size_) + " bytes, fewer than the 8-byte header length");
@@ -33,6 +35,7 @@ class safetensors_file {
     if (n > max_header_bytes || n > size_ - 8)
       detail::bad_file(path, "its header length " + std::to_string(n) + " exceeds the file (" + std::to_string(size_) +
                                  " bytes) or the 100 MB limit");
+    if (n < 2) detail::bad_file(path, "its header length " + std::to_string(n) + " is too short for a JSON object");
     std::string text(static_cast<std::size_t>(n), '\0');
     file_.read_at(8, text.data(), text.size());
     header_ = parse_header(text, size_, path);
@@ -48,14 +51,16 @@ class safetensors_file {
   // Elements [first, first + n) of tensor t into dst (in the file's dtype).
   void read(const tensor_entry& t, std::uint64_t first, std::uint64_t n, void* dst) const {
     const std::uint64_t w = size_of(t.type);
-    ZSHARD_REQUIRE(first + n <= t.numel(), error_kind::usage,
-                   "read of elements [" + std::to_string(first) + ", " + std::to_string(first + n) + ") of tensor '" +
+    ZSHARD_REQUIRE(w != 0, error_kind::usage,
+                   "tensor '" + t.name + "' of '" + path() + "' has the packed dtype " + safetensors_name(t.type) +
+                       ", which is not read element by element");
+    ZSHARD_REQUIRE(n <= t.numel() && first <= t.numel() - n, error_kind::usage,
+                   "read of " + std::to_string(n) + " elements from element " + std::to_string(first) + " of tensor '" +
                        t.name + "' which has " + std::to_string(t.numel()));
     file_.read_at(t.begin + first * w, dst, static_cast<std::size_t>(n * w));
   }
   // Raw bytes (checksums over a whole file).
   void read_bytes(std::uint64_t offset, void* dst, std::size_t n) const { file_.read_at(offset, dst, n); }
-  int fd() const noexcept { return file_.fd(); }  // the open file (mappings of it)
 
  private:
   file_handle file_;

@@ -24,10 +24,10 @@ struct written_file {
 class safetensors_writer {
  public:
   safetensors_writer(const std::string& path, std::vector<planned_tensor> tensors,
-                     const std::map<std::string, std::string>& metadata = {}, write_hook hook = {})
-      : tensors_(std::move(tensors)), hook_(std::move(hook)) {
+                     const std::map<std::string, std::string>& metadata = {}, const io_hook* hook = nullptr)
+      : tensors_(std::move(tensors)) {
     const std::string header = make_header(tensors_, metadata, &offsets_);
-    file_ = file_handle::create(path);
+    file_ = file_handle::create(path, hook);
     put(header.data(), header.size());
   }
 
@@ -70,13 +70,12 @@ class safetensors_writer {
   }
   void put(const void* data, std::size_t n) {
     if (n == 0) return;
-    file_.write_all(data, n, hook_);
+    file_.write_all(data, n);
     crc_.update(data, n);
   }
 
   std::vector<planned_tensor> tensors_;
   std::vector<std::uint64_t> offsets_;
-  write_hook hook_;
   file_handle file_;
   crc32c crc_;
   std::size_t current_ = 0;

@@ -16,10 +16,11 @@
 // load_options::verify_before_loading verifies every file before anything changes instead, at
 // the price of a second read. Memory: at most one chunk (load_options::chunk_bytes) per rank,
 // counted in a ledger (host_staging.hpp), allocated only when a piece needs staging (a dtype
-// conversion, device memory); plus a read-only mapped window of the file (verified_reads.hpp).
+// conversion, device memory); plus a 64 KiB bounce buffer on the stack (verified_reads.hpp).
 //
-// A checkpoint of format version 1 has no per-parameter update counts: every parameter's AdamW
-// count continues from the run's step, and the load says so in the log (engine_config::log).
+// Older formats still load, and the load says once in the log (engine_config::log) what they
+// lack: version 1 has no per-parameter update counts (every parameter's AdamW count continues
+// from the run's step), versions 1 and 2 no checksum of the manifest itself (manifest.hpp).
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -43,6 +44,7 @@ struct load_options {
   // true: verify every file in a pass of its own before anything is loaded, so that a corrupt
   // file leaves the engine untouched (costs a second read of every file)
   bool verify_before_loading = false;
+  io_hook hook{};  // tests: sees every file-system call of the load (io_hook.hpp): a failing disk, a truncated file
 };
 
 struct loaded_checkpoint {
@@ -52,6 +54,8 @@ struct loaded_checkpoint {
   std::string user_state;  // what save_options::user_state held on rank 0
   // false: a format 1 checkpoint without per-parameter update counts (each continued from `step`)
   bool update_counts_restored = false;
+  // false: a format 1 or 2 checkpoint, whose manifest has no checksum of its own
+  bool manifest_verified = false;
 };
 
 // The elements of parameter p this rank holds in the engine: [first, second) (its own shard,
@@ -68,6 +72,7 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
   // included; what a rank reads into its engine depends on its shard group only.
   const int rank = job_comm(eng).rank(), world = job_comm(eng).size();
   const std::string what = "checkpoint load from '" + path + "'";
+  const io_hook* hook = o.hook ? &o.hook : nullptr;
   loaded_checkpoint out;
   manifest m;
   std::map<int, std::unique_ptr<safetensors_file>> files;
@@ -77,9 +82,9 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
   lazy_host_staging<typename Engine::backend_type> chunk(eng.backend(), o.chunk_bytes);
 
   agree(eng, what, [&] {
-    out.path = resolve_checkpoint(path);
+    out.path = resolve_checkpoint(path, hook);
     const std::string mpath = out.path + "/" + manifest_file_name;
-    m = manifest::parse(read_small_file(mpath), mpath);
+    m = manifest::parse(read_small_file(mpath, std::size_t{64} << 20, hook), mpath);
     const auto diff = compare_models(m, eng.spec(), eng.config().param_dtype);
     if (!diff.empty()) {
       std::string msg =
@@ -100,7 +105,7 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
       auto& f = files[q];
       if (!f) {
         const auto& mf = m.files[static_cast<std::size_t>(q)];
-        f = std::make_unique<safetensors_file>(out.path + "/" + mf.name);
+        f = std::make_unique<safetensors_file>(out.path + "/" + mf.name, hook);
         if (f->size() != mf.bytes)
           throw error(error_kind::io,
                       "'" + f->path() + "' has " + std::to_string(f->size()) + " bytes, the manifest says " +
@@ -122,6 +127,14 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         for (state_field fld : saved_fields(mp->trainable)) {
           const tensor_entry* t = f.find(field_tensor(name, fld));
           const file_dtype want = fld == state_field::working ? file_dtype_of(mp->type) : file_dtype::f32;
+          if (t && t->type == want && t->numel() != se - sb)  // the file is as saved (its size matched): the layout is not
+            throw error(error_kind::io,
+                        "'" + mpath + "' gives parameter '" + name + "' a layout (shard_numel " +
+                            std::to_string(mp->shard_numel) + " over " + std::to_string(m.world_size) +
+                            " ranks) under which '" + f.path() + "' would hold " + std::to_string(se - sb) +
+                            " elements of it, but that file (of the size the manifest lists) holds " +
+                            std::to_string(t->numel()) + ": the manifest was changed after the save",
+                        "restore manifest.json from a copy, or load an earlier checkpoint");
           if (!t || t->type != want || t->numel() != se - sb)
             throw error(error_kind::io,
                         "'" + f.path() + "' lacks tensor '" + field_tensor(name, fld) + "' of " +
@@ -136,7 +149,7 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
       for (int q = rank; q < m.world_size; q += world) open(q);  // read below, all of it, to verify it
     if (m.user_state) {
       const std::string upath = out.path + "/" + m.user_state->name;
-      out.user_state = read_small_file(upath, std::size_t{1} << 30);
+      out.user_state = read_small_file(upath, std::size_t{1} << 30, hook);
       if (out.user_state.size() != m.user_state->bytes ||
           crc32c_of(out.user_state.data(), out.user_state.size()) != m.user_state->crc32c)
         throw error(error_kind::io, "'" + upath + "' does not match the size or checksum in the manifest",
@@ -200,15 +213,21 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         counts[p] = (*m.update_counts)[static_cast<std::size_t>(by_param[p] - m.params.data())];
       eng.restore_update_counts(counts);
       out.update_counts_restored = true;
-    } else if (rank == 0) {
-      eng.config().say("checkpoint '" + out.path + "' (format version " + std::to_string(m.version) +
-                       ") has no per-parameter update counts: every parameter's AdamW bias correction continues "
-                       "from the run's step " +
-                       std::to_string(m.run.step) +
-                       ", exact only if every parameter had a gradient in every step before the save; "
-                       "a save from this engine writes format " +
-                       std::to_string(manifest_version));
     }
+    if (rank == 0 && (!m.update_counts || !m.checksummed)) {  // what an older format lacks, in one note
+      std::string lacks;
+      if (!m.update_counts)
+        lacks = "no per-parameter update counts: every parameter's AdamW bias correction continues from the run's "
+                "step " +
+                std::to_string(m.run.step) + ", exact only if every parameter had a gradient in every step before the save";
+      if (!m.checksummed)
+        lacks += std::string(lacks.empty() ? "" : "; and ") +
+                 "no checksum of its manifest: damage to manifest.json is found only where it breaks the JSON or a "
+                 "range check";
+      eng.config().say("checkpoint '" + out.path + "' (format version " + std::to_string(m.version) + ") has " + lacks +
+                       "; a save from this engine writes format " + std::to_string(manifest_version));
+    }
+    out.manifest_verified = m.checksummed;
   } catch (const error& e) {
     throw error(e.kind(), what + ": " + partly + e.message(), "load again, or rebuild the engine");
   }

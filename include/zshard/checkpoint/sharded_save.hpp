@@ -8,7 +8,8 @@
 //     by parameter through one chunk of save_options::chunk_bytes, CRC32C on the way, fsync.
 //     With offload::host_adam the optimizer state is written from host memory directly.
 //  3. Ranks meet through marker files, not a collective (rank_writes.hpp): a slow disk cannot
-//     trip the communicator's timeout. Any rank's failure fails the save on every rank.
+//     trip the communicator's timeout. Any rank's failure (a full disk included: posting a
+//     marker needs no space) fails the save on every rank at once, with that rank's error.
 //  4. Rank 0 writes the user's state and manifest.json (sizes and CRC32C of every file, rank 0's
 //     per-parameter update counts: it holds elements of every parameter), fsyncs
 //     them and the directory, renames it into place, switches `latest` (checkpoint_dir.hpp)
@@ -32,10 +33,10 @@ namespace zshard::checkpoint {
 
 struct save_options {
   std::size_t keep_last = 0;  // complete checkpoints to keep in DIR (0: all)
-  std::string user_state;     // the training stack's own bytes (data position, ...); rank 0's is saved
+  std::string user_state{};   // the training stack's own bytes (data position, ...); rank 0's is saved
   std::size_t chunk_bytes = std::size_t{64} << 20;                  // host memory each rank moves data through
   std::chrono::milliseconds io_timeout = std::chrono::minutes(30);  // how long ranks wait for the slowest writer
-  write_hook hook{};                                                // tests: inject a full disk or a slow disk
+  io_hook hook{};  // tests: sees every file-system call of the save (io_hook.hpp): a full disk, a slow one, a crash
 };
 
 struct saved_checkpoint {
@@ -65,6 +66,7 @@ manifest describe_engine(Engine& eng) {
     mp.numel = l.numel;
     mp.shard_numel = l.shard_numel;
     mp.replicated = l.replicated;
+    mp.file_transposed = ps.file_transposed;
     m.params.push_back(std::move(mp));
   }
   return m;
@@ -75,34 +77,10 @@ inline std::vector<state_field> saved_fields(bool trainable) {
   return {state_field::working};
 }
 
-// The dtype a field is kept in: working values in the parameter's dtype, the rest in f32.
-inline dtype field_dtype(const manifest_param& mp, state_field f) {
-  return f == state_field::working ? mp.type : dtype::f32;
-}
-
-// What save and export_engine both write: this rank's `count` elements of field f of parameter
-// p, read from the engine through `chunk`, converted from `from` to `to`, handed in order to
-// sink(first element, element count, data).
-template <class Engine, class Staging, class Sink>
-void stream_shard(Engine& eng, param_id p, state_field f, std::uint64_t count, dtype from, dtype to,
-                  Staging& chunk, Sink&& sink) {
-  chunked_copy(
-      chunk.bytes_at(0), chunk.bytes(), count, from, to,
-      [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, f, first, dst, k); }, sink);
-}
-
-// Renames `from` to `to` and syncs the directory it lands in: the result appears complete or
-// not at all, also after a crash.
-inline void rename_into_place(const std::string& from, const std::string& to) {
-  rename_path(from, to);
-  const auto parent = std::filesystem::path(to).parent_path().string();
-  sync_directory(parent.empty() ? "." : parent);
-}
-
 // Rank `rank`'s file of checkpoint `m` from the engine's shards.
 template <class Engine, class Staging>
 written_file write_rank_file(Engine& eng, const manifest& m, int rank, const std::string& path, Staging& chunk,
-                             const write_hook& hook) {
+                             const io_hook* hook) {
   std::vector<planned_tensor> plan;
   for (const auto& p : m.params) {
     const auto [b, e] = p.stored_range(rank);
@@ -118,13 +96,15 @@ written_file write_rank_file(Engine& eng, const manifest& m, int rank, const std
     const auto& mp = m.params[p];
     const auto [b, e] = mp.stored_range(rank);
     for (state_field f : e == b ? std::vector<state_field>{} : saved_fields(mp.trainable)) {
-      const dtype t = field_dtype(mp, f);
+      const dtype t = f == state_field::working ? mp.type : dtype::f32;
       if (const void* direct = eng.shard_host_data(p, f)) {  // host memory: written from where it lives
         w.write(direct, (e - b) * size_of(t));
         continue;
       }
-      stream_shard(eng, p, f, e - b, t, t, chunk,
-                   [&](std::uint64_t, std::size_t k, const void* src) { w.write(src, k * size_of(t)); });
+      chunked_copy(
+          chunk.bytes_at(0), chunk.bytes(), e - b, t, t,
+          [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, f, first, dst, k); },
+          [&](std::uint64_t, std::size_t k, const void* src) { w.write(src, k * size_of(t)); });
     }
   }
   return w.finish();
@@ -138,18 +118,20 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
   const int file_rank = eng.comm().rank(), files = eng.comm().size();
   const bool writes = replica_of(eng) == 0;
   const std::string what = "checkpoint save to '" + dir + "'";
+  const io_hook* hook = o.hook ? &o.hook : nullptr;
   manifest m = describe_engine(eng);
 
   // 1. rank 0 prepares; everyone learns the name or the error
   std::string name;
   agree(eng, what, [&] {
     if (rank != 0) return;
-    make_directories(dir);
-    remove_stale_temporaries(dir);
+    make_directories(dir, hook);
+    remove_stale_temporaries(dir, hook);
     name = new_checkpoint_name(dir, m.run.step);
     const std::string tmp = dir + "/." + name + ".tmp";
-    make_directories(tmp);
-    make_directories(dir + "/." + name + ".markers.tmp");
+    make_directories(tmp, hook);
+    make_directories(dir + "/." + name + ".markers.tmp", hook);
+    prepare_markers(dir + "/." + name + ".markers.tmp", world, hook);
     if (::access(tmp.c_str(), W_OK) != 0) throw_io("cannot write into", tmp, errno, "choose a writable directory");
   });
   name = exchange_messages(eng, name)[0];
@@ -161,18 +143,21 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
   // 2. every rank writes its file; 3. meet through markers
   const std::string path = tmp + "/" + rank_file_name(file_rank);
   const std::vector<std::string> reports = write_and_meet(
-      markers, rank, world, o.io_timeout, what,
+      eng, markers, o.io_timeout, what,
       [&]() -> std::string {
         if (!writes) return "";  // a replica other than 0 under hybrid sharding: replica 0 writes
         host_staging chunk(eng.backend(), o.chunk_bytes);
-        const written_file wf = write_rank_file(eng, m, file_rank, path, chunk, o.hook);
+        const written_file wf = write_rank_file(eng, m, file_rank, path, chunk, hook);
         return std::to_string(wf.bytes) + " " + std::to_string(wf.crc);
       },
       [&] {
         if (!writes) return;
-        std::error_code ec;
-        std::filesystem::remove(path, ec);  // free the space a full disk needs for the marker
-      });
+        try {
+          remove_path(path, hook);  // give back the space the partial file holds
+        } catch (const error&) {
+        }
+      },
+      hook);
 
   // 4. rank 0 commits
   agree(eng, what, [&] {
@@ -185,15 +170,19 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
     }
     m.user_state =
         manifest_file{user_state_file, o.user_state.size(), crc32c_of(o.user_state.data(), o.user_state.size())};
-    write_small_file(tmp + "/" + user_state_file, o.user_state, o.hook);
-    write_small_file(tmp + "/" + manifest_file_name, m.to_json(), o.hook);
-    sync_directory(tmp);
-    rename_into_place(tmp, final_path);
-    set_latest(dir, name);
-    rotate_checkpoints(dir, o.keep_last, name);
+    write_small_file(tmp + "/" + user_state_file, o.user_state, hook);
+    write_small_file(tmp + "/" + manifest_file_name, m.to_json(), hook);
+    sync_directory(tmp, hook);
+    rename_path(tmp, final_path, hook);
+    sync_directory(dir, hook);
+    set_latest(dir, name, hook);
+    rotate_checkpoints(dir, o.keep_last, name, hook);
   });
   std::error_code ec;
-  if (rank == 0) std::filesystem::remove_all(markers, ec);
+  if (rank == 0) try {
+      remove_tree(markers, hook);
+    } catch (const error&) {  // leftovers: the next save removes them
+    }
   return {final_path, m.run.step, std::filesystem::file_size(final_path + "/" + rank_file_name(file_rank), ec)};
 }
 

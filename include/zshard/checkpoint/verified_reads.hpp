@@ -1,18 +1,17 @@
 #pragma once
 // Reading what a rank loads from one rank file, and verifying the file's CRC32C in the same
-// pass: the file is walked in order, each piece this rank loads is copied (straight into the
-// engine's host memory, or into the chunk for a dtype conversion or a device copy) and hashed
-// from the same loads (hashed_reader); the bytes between pieces (the header, tensors other
-// ranks load) are only hashed. Without verification only the pieces are read, with pread.
-// Memory: the caller's chunk, and a window of the file mapped read-only (page cache).
+// pass: the file is walked in order, each piece this rank loads is read with pread (straight
+// into the engine's host memory, or into the chunk for a dtype conversion or a device copy)
+// and hashed there while still in the cache (hashed_reader); the bytes between pieces (the
+// header, tensors other ranks load) are read into a small bounce buffer and hashed. Without
+// verification only the pieces are read. Memory: the caller's chunk, and a 64 KiB bounce
+// buffer on the stack. Nothing is mapped: a file truncated under a load is an error, never a
+// signal.
 //
 // One pass means the engine is written before the last byte is checked: a corrupt file is
 // found with the engine partly loaded (sharded_load.hpp says so in the error). verify_file()
 // checks a whole file on its own, before anything is loaded, for callers who want the engine
 // untouched by a corrupt file at the price of a second read (load_options::verify_before_loading).
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -45,81 +44,45 @@ struct load_piece {
   std::function<void(std::uint64_t, std::size_t, const void*)> write;
 };
 
-// The bytes of one file in order, each copied where it goes and hashed from the same loads
-// (crc32c::update_copy): through a read-only mapping of a window of the file at a time
-// (mapped_window_bytes of clean page cache, not allocated memory), or, where the file cannot
-// be mapped, read into place with pread and hashed there. Like any mapped file, a file
-// truncated by someone else while it is loaded ends the process (SIGBUS).
+// The bytes of one file in order, each read where it goes with pread and hashed there while
+// it is still in the cache (a piece of piece_bytes at a time), or, for bytes nobody here loads,
+// read into a bounce buffer on the stack and hashed. No mapping of the file: a file truncated
+// (or replaced) by someone else while it is loaded is a short read, a zshard::error naming it,
+// never a SIGBUS.
 class hashed_reader {
  public:
-  static constexpr std::size_t mapped_window_bytes = std::size_t{4} << 20;
+  static constexpr std::size_t piece_bytes = std::size_t{256} << 10;  // within a core's L2
+  static constexpr std::size_t bounce_bytes = std::size_t{64} << 10;
 
   explicit hashed_reader(const safetensors_file& f) : f_(f) {}
   hashed_reader(const hashed_reader&) = delete;
   hashed_reader& operator=(const hashed_reader&) = delete;
-  ~hashed_reader() { unmap(); }
 
   // Bytes [offset, offset + n) into dst (null: hashed only).
   void read(std::uint64_t offset, void* dst, std::size_t n) {
-    auto* out = static_cast<char*>(dst);
-    while (n > 0) {
-      std::size_t k = 0;
-      const char* src = window(offset, k);
-      k = std::min(k, n);
-      if (!src) {  // not mapped: read into place (or a small bounce for hash-only), then hash
-        if (out) {
-          f_.read_bytes(offset, out, n);
-          crc_.update(out, n);
-          return;
-        }
-        char bounce[4096];
-        k = std::min(n, sizeof bounce);
-        f_.read_bytes(offset, bounce, k);
-        crc_.update(bounce, k);
-      } else if (out) {
-        crc_.update_copy(out, src, k);
-      } else {
-        crc_.update(src, k);
+    if (dst) {
+      auto* out = static_cast<char*>(dst);
+      for (std::size_t done = 0; done < n;) {
+        const std::size_t k = std::min(piece_bytes, n - done);
+        f_.read_bytes(offset + done, out + done, k);
+        crc_.update(out + done, k);
+        done += k;
       }
-      offset += k;
-      n -= k;
-      if (out) out += k;
+      return;
+    }
+    char bounce[bounce_bytes];
+    for (std::size_t done = 0; done < n;) {
+      const std::size_t k = std::min(bounce_bytes, n - done);
+      f_.read_bytes(offset + done, bounce, k);
+      crc_.update(bounce, k);
+      done += k;
     }
   }
   std::uint32_t value() const noexcept { return crc_.value(); }
 
  private:
-  // A pointer to byte `offset` in a mapped window and the bytes mapped from there (`avail`);
-  // null when mapping fails (then every later call reads instead).
-  const char* window(std::uint64_t offset, std::size_t& avail) {
-    if (failed_) return nullptr;
-    if (!map_ || offset < map_offset_ || offset >= map_offset_ + map_bytes_) {
-      unmap();
-      static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-      map_offset_ = offset / page * page;
-      map_bytes_ = static_cast<std::size_t>(std::min<std::uint64_t>(mapped_window_bytes, f_.size() - map_offset_));
-      void* m =
-          ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, f_.fd(), static_cast<off_t>(map_offset_));
-      if (m == MAP_FAILED) {
-        failed_ = true;
-        return nullptr;
-      }
-      map_ = static_cast<char*>(m);
-    }
-    avail = static_cast<std::size_t>(map_offset_ + map_bytes_ - offset);
-    return map_ + (offset - map_offset_);
-  }
-  void unmap() noexcept {
-    if (map_) ::munmap(map_, map_bytes_);
-    map_ = nullptr;
-  }
-
   const safetensors_file& f_;
   crc32c crc_;
-  char* map_ = nullptr;
-  std::uint64_t map_offset_ = 0;
-  std::size_t map_bytes_ = 0;
-  bool failed_ = false;
 };
 
 // Checks CRC32C of a whole file on its own (hashed, nothing copied).

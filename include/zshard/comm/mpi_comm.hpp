@@ -21,7 +21,8 @@
 //   or disagree on a count fail with the same "collective mismatch" message thread_comm gives,
 //   on every rank, before any data moves. Costs one small extra round trip per collective.
 // - A rank that ends its run (finish(), called by run_mpi) tells its peers how many collectives
-//   it took part in; a peer waiting in a later collective fails at once, naming it.
+//   it took part in, on this communicator and on every one split from it; a peer waiting in a
+//   later collective fails at once, naming it, in a split's group too (mpi_control.hpp).
 // - A rank that times out asks its peers which collective they are in: the message names the
 //   ranks that do not answer (hung, busy, dead), those in another collective, those waiting too.
 // - A failure throws error_kind::comm naming the collective, its number and the ranks; the
@@ -32,15 +33,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "zshard/comm/communicator.hpp"
+#include "zshard/comm/mpi_control.hpp"
 #include "zshard/comm/thread_comm.hpp"  // the shared reduction kernel, argument checks and default timeout
 
 namespace zshard {
@@ -69,10 +71,6 @@ struct header {
   std::int32_t root;
   std::uint8_t kind, type, op, pad;
 };
-constexpr int done_tag = 0x25a1;    // control channel: "I finished after N collectives"
-constexpr int probe_tag = 0x25a2;   // "which collective are you in?" (sent on a timeout)
-constexpr int answer_tag = 0x25a3;  // its answer: the collective's number, or finishing
-constexpr std::uint64_t finishing = ~std::uint64_t{0};
 // MPI progresses a transfer only inside MPI calls (MPI_Test here), one fragment at a time: a
 // sleeping poller throttles a large collective to a fragment per sleep (measured: 4 MiB
 // all_gather 50x slower with 20 us sleeps). So spin (mpi_options::spin), then yield, as
@@ -113,7 +111,10 @@ class mpi_comm {
     }
     data_ = dups[0];
     ctrl_ = dups[1];
-    peer_done_.assign(static_cast<std::size_t>(size_), -1);
+    own_ = std::make_shared<mpi_detail::lineage>();
+    own_->ctrl = ctrl_;
+    own_->peer_done.assign(static_cast<std::size_t>(size_), -1);
+    root_ = own_;
   }
 
   mpi_comm(mpi_comm&& o) noexcept { take(o); }
@@ -218,12 +219,24 @@ class mpi_comm {
                      "split: rank " + std::to_string(q) + " passed color " +
                          std::to_string(all[2 * static_cast<std::size_t>(q)]) + "; colors must be >= 0",
                      "give every rank a group (color); a rank that wants no group can use a group of its own");
+    const std::uint64_t split_seq = slot_.seq;  // the all_gather's number: the same on every rank
     MPI_Comm sub = MPI_COMM_NULL;
     current_ = "split (MPI_Comm_split)";
     check(MPI_Comm_split(data_, color, key, &sub));  // every rank is known to be here
     try {
       mpi_comm out(sub, opts_);
       MPI_Comm_free(&sub);
+      // Its members in group order (key, then rank: as MPI_Comm_split), by their rank in the root.
+      std::vector<std::pair<std::int32_t, int>> members;
+      for (int q = 0; q < size_; ++q)
+        if (all[2 * static_cast<std::size_t>(q)] == color)
+          members.emplace_back(all[2 * static_cast<std::size_t>(q) + 1], q);
+      std::sort(members.begin(), members.end());
+      for (const auto& m : members)
+        out.root_rank_.push_back(root_rank_.empty() ? m.second : root_rank_[static_cast<std::size_t>(m.second)]);
+      out.root_ = root_;
+      out.group_id_ = mpi_detail::group_id(group_id_, split_seq, color);
+      root_->my_groups[out.group_id_] = 0;
       return out;
     } catch (...) {
       MPI_Comm_free(&sub);
@@ -260,9 +273,11 @@ class mpi_comm {
     const auto un = static_cast<std::size_t>(size_);
     std::vector<MPI_Request> sends(un, MPI_REQUEST_NULL);
     const std::uint64_t mine = seq_;
+    const std::vector<std::uint64_t> notice = mpi_detail::done_notice(*own_, mine);  // and its groups' counts
     for (int q = 0; q < size_; ++q)
       if (q != rank_)
-        check(MPI_Isend(&mine, 1, MPI_UINT64_T, q, mpi_detail::done_tag, ctrl_, &sends[static_cast<std::size_t>(q)]));
+        check(MPI_Isend(notice.data(), static_cast<int>(notice.size()), MPI_UINT64_T, q, mpi_detail::done_tag, ctrl_,
+                        &sends[static_cast<std::size_t>(q)]));
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
       int sent = 0;
@@ -270,7 +285,7 @@ class mpi_comm {
       poll_notices(/*waiting_seq=*/std::numeric_limits<std::uint64_t>::max());
       std::string missing;
       for (int q = 0; q < size_; ++q) {
-        const std::int64_t d = peer_done_[static_cast<std::size_t>(q)];
+        const std::int64_t d = own_->peer_done[static_cast<std::size_t>(q)];
         if (q == rank_) continue;
         if (d < 0)
           missing += (missing.empty() ? "" : ", ") + std::to_string(q);
@@ -316,6 +331,7 @@ class mpi_comm {
   bool begin(detail::collective kind, std::size_t count, dtype t, reduce_op op, int root) {
     check_usable(detail::to_string(kind));
     slot_ = detail::comm_slot{kind, seq_++, nullptr, nullptr, count, t, op, root};
+    if (root_ != own_) root_->my_groups[group_id_] = seq_;  // what this rank's end-of-run notice says
     current_ = detail::describe(slot_);
     if (opts_.check_arguments) {
       const mpi_detail::header h{slot_.seq,
@@ -388,6 +404,7 @@ class mpi_comm {
       check(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
       if (done) return;
       if (ctrl_ != MPI_COMM_NULL && spins % 64 == 0) poll_notices(slot_.seq);
+      if (root_ != own_ && spins % 64 == 0) poll_group_notices();
       const auto waited = std::chrono::steady_clock::now() - start;
       if (waited > opts_.timeout) {
         fail(current_ + " on rank " + std::to_string(rank_) + " timed out after " +
@@ -403,18 +420,10 @@ class mpi_comm {
   // collective this rank waits in (number waiting_seq) will never join it.
   void poll_notices(std::uint64_t waiting_seq) {
     answer_probes();
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      check(MPI_Iprobe(MPI_ANY_SOURCE, mpi_detail::done_tag, ctrl_, &flag, &st));
-      if (!flag) break;
-      std::uint64_t n = 0;
-      check(MPI_Recv(&n, 1, MPI_UINT64_T, st.MPI_SOURCE, mpi_detail::done_tag, ctrl_, MPI_STATUS_IGNORE));
-      peer_done_[static_cast<std::size_t>(st.MPI_SOURCE)] = static_cast<std::int64_t>(n);
-    }
+    check(mpi_detail::receive_done_notices(*own_));
     if (waiting_seq == std::numeric_limits<std::uint64_t>::max()) return;
     for (int q = 0; q < size_; ++q) {
-      const std::int64_t d = peer_done_[static_cast<std::size_t>(q)];
+      const std::int64_t d = own_->peer_done[static_cast<std::size_t>(q)];
       if (d >= 0 && static_cast<std::uint64_t>(d) <= waiting_seq)
         fail(current_ + " on rank " + std::to_string(rank_) + ": rank " + std::to_string(q) +
                  " returned (ended its run) after " + std::to_string(d) + " collectives without joining this one",
@@ -422,70 +431,24 @@ class mpi_comm {
     }
   }
 
-  // Tells a peer that timed out which collective this rank waits in (or that it is finishing).
-  void answer_probes() {
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      check(MPI_Iprobe(MPI_ANY_SOURCE, mpi_detail::probe_tag, ctrl_, &flag, &st));
-      if (!flag) return;
-      std::uint64_t ignored = 0;
-      check(MPI_Recv(&ignored, 1, MPI_UINT64_T, st.MPI_SOURCE, mpi_detail::probe_tag, ctrl_, MPI_STATUS_IGNORE));
-      answers_.push_back(finished_ ? mpi_detail::finishing : slot_.seq);  // a deque: the buffer stays put
-      MPI_Request rq = MPI_REQUEST_NULL;
-      check(MPI_Isend(&answers_.back(), 1, MPI_UINT64_T, st.MPI_SOURCE, mpi_detail::answer_tag, ctrl_, &rq));
-      MPI_Request_free(&rq);
-    }
+  // A split's group: the notices of ranks that ended their run arrive on the root's channel.
+  void poll_group_notices() {
+    check(mpi_detail::receive_done_notices(*root_));
+    const std::string gone = mpi_detail::member_gone(*root_, group_id_, root_rank_, slot_.seq);
+    if (!gone.empty())
+      fail(current_ + " on rank " + std::to_string(rank_) + " of a split group: " + gone,
+           "every rank must call the same collectives; a rank that returns early stops the others");
   }
 
-  // On a timeout: asks every peer where it is and names them. A rank waiting in any zshard
-  // collective answers at once; one that does not answer within a second is outside them.
+  // Tells a peer that timed out which collective this rank waits in (or that it is finishing).
+  void answer_probes() {
+    probes_.answer(ctrl_, finished_ ? mpi_detail::finishing : slot_.seq, [this](int rc) { check(rc); });
+  }
+
+  // On a timeout: asks every peer where it is and names them (mpi_control.hpp).
   std::string where_are_peers() {
-    if (ctrl_ == MPI_COMM_NULL) return "the other ranks did not join it";
-    probe_ = slot_.seq;
-    for (int q = 0; q < size_; ++q) {
-      if (q == rank_) continue;
-      MPI_Request rq = MPI_REQUEST_NULL;
-      check(MPI_Isend(&probe_, 1, MPI_UINT64_T, q, mpi_detail::probe_tag, ctrl_, &rq));
-      MPI_Request_free(&rq);
-    }
-    std::vector<std::uint64_t> at(static_cast<std::size_t>(size_), 0);
-    std::vector<bool> answered(static_cast<std::size_t>(size_), false);
-    answered[static_cast<std::size_t>(rank_)] = true;
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::min<std::chrono::milliseconds>(opts_.timeout, std::chrono::milliseconds(1000));
-    while (std::find(answered.begin(), answered.end(), false) != answered.end() &&
-           std::chrono::steady_clock::now() < deadline) {
-      int flag = 0;
-      MPI_Status st;
-      check(MPI_Iprobe(MPI_ANY_SOURCE, mpi_detail::answer_tag, ctrl_, &flag, &st));
-      if (flag) {
-        const auto src = static_cast<std::size_t>(st.MPI_SOURCE);
-        check(MPI_Recv(&at[src], 1, MPI_UINT64_T, st.MPI_SOURCE, mpi_detail::answer_tag, ctrl_, MPI_STATUS_IGNORE));
-        answered[src] = true;
-      }
-      answer_probes();
-      std::this_thread::yield();
-    }
-    std::string silent, same, elsewhere;
-    auto add = [](std::string& list, const std::string& item) { list += (list.empty() ? "" : ", ") + item; };
-    for (int q = 0; q < size_; ++q) {
-      const auto uq = static_cast<std::size_t>(q);
-      if (q == rank_) continue;
-      if (!answered[uq])
-        add(silent, std::to_string(q));
-      else if (at[uq] == slot_.seq)
-        add(same, std::to_string(q));
-      else
-        add(elsewhere, "rank " + std::to_string(q) +
-                           (at[uq] == mpi_detail::finishing ? std::string(" is ending its run")
-                                                            : " waits in collective #" + std::to_string(at[uq])));
-    }
-    std::string out;
-    if (!silent.empty()) out = "rank(s) " + silent + " did not answer (not in a zshard collective: busy, hung or dead)";
-    if (!elsewhere.empty()) out += (out.empty() ? "" : "; ") + elsewhere;
-    if (!same.empty()) out += (out.empty() ? "" : "; ") + std::string("rank(s) ") + same + " wait in it too";
-    return out;
+    return probes_.where_are_peers(ctrl_, rank_, size_, slot_.seq, finished_ ? mpi_detail::finishing : slot_.seq,
+                                   opts_.timeout, [this](int rc) { check(rc); });
   }
 
   [[noreturn]] void fail(const std::string& msg, const std::string& hint) {
@@ -505,16 +468,20 @@ class mpi_comm {
     finished_ = o.finished_;
     failed_ = std::move(o.failed_);
     current_ = std::move(o.current_);
-    peer_done_ = std::move(o.peer_done_);
+    own_ = std::move(o.own_);
+    root_ = std::move(o.root_);
+    group_id_ = o.group_id_;
+    root_rank_ = std::move(o.root_rank_);
     staging_ = std::move(o.staging_);
     headers_ = std::move(o.headers_);
-    answers_ = std::move(o.answers_);
+    probes_ = std::move(o.probes_);
   }
   // A failed communicator may have a request in flight: it is left to the MPI_Abort that follows.
   void release() noexcept {
     int fin = 1;
     MPI_Finalized(&fin);
     if (fin || !failed_.empty()) return;
+    if (own_) own_->ctrl = MPI_COMM_NULL;  // groups split from it stop reading its channel
     if (data_ != MPI_COMM_NULL) MPI_Comm_free(&data_);
     if (ctrl_ != MPI_COMM_NULL) MPI_Comm_free(&ctrl_);
   }
@@ -527,11 +494,15 @@ class mpi_comm {
   detail::comm_slot slot_{};
   bool finished_ = false;
   std::string failed_, current_;
-  std::vector<std::int64_t> peer_done_;  // collectives each peer called before finishing, -1: running
+  // This communicator's end-of-run notices (its control channel) and, for a split's group, its
+  // root's (where the notices of the group's members arrive), the group's id and each member's
+  // rank in the root (mpi_control.hpp). A root's root_ is its own_.
+  std::shared_ptr<mpi_detail::lineage> own_, root_;
+  std::uint64_t group_id_ = 0;
+  std::vector<int> root_rank_;
   std::vector<std::byte> staging_;
   std::vector<mpi_detail::header> headers_;
-  std::uint64_t probe_ = 0;            // what a timed-out rank sends its peers
-  std::deque<std::uint64_t> answers_;  // answers in flight (MPI_Isend buffers)
+  mpi_detail::probes probes_;  // the timeout's questions and answers (mpi_control.hpp)
 };
 
 static_assert(check_communicator<mpi_comm>());

@@ -18,7 +18,11 @@
 // the communicator is aborted (ncclCommAbort): never a silent hang. The communicator is
 // created non-blocking for the same reason: initialisation waiting for absent ranks times out.
 // Waits outside the communicator (cuda_backend::synchronize, copies to the host) reach the same
-// checks through poll_health(), which the engine registers in the backend's wait_watch.
+// checks through poll_health(), which the engine registers in the backend's wait_watch. A wait
+// sees an error at its next poll (core/host_wait.hpp: microseconds), then aborts: ncclCommAbort
+// stops NCCL's own kernels but frees NCCL's device memory, which waits for the other work queued
+// on the device, so the wait returns once that work (the kernels ahead of a hung collective) is
+// done (tests/gpu/readiness_cases.hpp measures both).
 //
 // Teardown aborts instead of waiting when anything went wrong: a failed or cancelled
 // communicator, or one destroyed while an exception unwinds (its peers may wait for

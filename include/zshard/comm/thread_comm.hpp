@@ -109,7 +109,8 @@ class thread_comm {
 
   // The sub-communicator of the ranks that pass the same color (>= 0), ordered by (key, rank),
   // as MPI_Comm_split. A collective: every rank calls it. The group gets a thread_world of its
-  // own (same timeout), kept alive by its handles and aborted when this world is.
+  // own (same timeout), kept alive by its handles, aborted when this world is, and told when a
+  // member's run_ranks function returns (thread_world::retire), so its peers fail at once.
   thread_comm split(int color, int key) {
     const std::int32_t mine[2] = {color, key};
     std::vector<std::int32_t> all(2 * static_cast<std::size_t>(size()));
@@ -127,8 +128,9 @@ class thread_comm {
     const int sub_rank = static_cast<int>(
         std::find_if(members.begin(), members.end(), [&](const auto& m) { return m.second == rank_; }) -
         members.begin());
-    return thread_comm(world_->child(world_->collectives_entered(rank_), color, static_cast<int>(members.size())),
-                       sub_rank);
+    std::vector<int> ranks;  // this world's ranks in group order
+    for (const auto& m : members) ranks.push_back(m.second);
+    return thread_comm(world_->child(world_->collectives_entered(rank_), color, ranks), sub_rank);
   }
 
  private:

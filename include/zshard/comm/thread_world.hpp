@@ -196,12 +196,21 @@ class thread_world {
   }
 
   // run_ranks: rank's function returned without an error. A rank waiting in a collective, or
-  // entering one later, fails at once naming it instead of waiting out the timeout.
+  // entering one later, fails at once naming it instead of waiting out the timeout; in this
+  // world and in every group split from it that the rank is in (a hybrid engine's shard and
+  // replica groups, nested splits too), where it will not call anything again either.
   void retire(int rank) {
-    std::lock_guard lk(m_);
-    ranks_[static_cast<std::size_t>(rank)].retired = true;
-    if (arrived_ > 0) poison_locked(rank, retired_message_locked(rank));
-    cv_.notify_all();
+    std::vector<std::pair<std::shared_ptr<thread_world>, int>> groups;
+    {
+      std::lock_guard lk(m_);
+      ranks_[static_cast<std::size_t>(rank)].retired = true;
+      if (arrived_ > 0) poison_locked(rank, retired_message_locked(rank));
+      cv_.notify_all();
+      for (const auto& g : memberships_)
+        if (g.rank == rank)
+          if (auto w = g.group.lock()) groups.emplace_back(std::move(w), g.rank_in_group);
+    }
+    for (auto& [w, r] : groups) w->retire(r);  // without m_: a group takes its own lock
   }
 
  private:
@@ -215,16 +224,24 @@ class thread_world {
     bool retired = false;  // its run_ranks function returned: it enters no more collectives
   };
 
+  // Rank q as messages name it: its rank in the world run_ranks made, and in a split's group also
+  // its rank in the group.
+  std::string rank_name(int q) const {
+    if (world_rank_.empty()) return std::to_string(q);
+    return std::to_string(world_rank_[static_cast<std::size_t>(q)]) + " (rank " + std::to_string(q) +
+           " of this split group)";
+  }
+
   std::string retired_message_locked(int rank) const {
     const auto& r = ranks_[static_cast<std::size_t>(rank)];
     std::string waiting;
     for (int q = 0; q < size_; ++q)
       if (ranks_[static_cast<std::size_t>(q)].arrived)
-        waiting += (waiting.empty() ? "" : ", ") + std::to_string(q) + " (in " +
+        waiting += (waiting.empty() ? "" : ", ") + rank_name(q) + " (in " +
                    detail::describe(ranks_[static_cast<std::size_t>(q)].slot) + ")";
-    return "rank " + std::to_string(rank) + " returned from its run_ranks function after " +
-           std::to_string(r.next_seq) + " collective(s) while rank(s) " + (waiting.empty() ? "?" : waiting) +
-           " wait for it: it skipped collectives the others made";
+    return "rank " + rank_name(rank) + " returned from its run_ranks function after " + std::to_string(r.next_seq) +
+           " collective(s)" + (world_rank_.empty() ? "" : " in this group") + " while rank(s) " +
+           (waiting.empty() ? "?" : waiting) + " wait for it: it skipped collectives the others made";
   }
 
   void poison_locked(int origin, std::string reason) {
@@ -312,8 +329,7 @@ class thread_world {
         }
         std::string missing;
         for (int q = 0; q < size_; ++q)
-          if (!ranks_[static_cast<std::size_t>(q)].arrived)
-            missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+          if (!ranks_[static_cast<std::size_t>(q)].arrived) missing += (missing.empty() ? "" : ", ") + rank_name(q);
         std::string msg = std::string(detail::to_string(what)) + " on rank " + std::to_string(rank) +
                           " timed out after " + std::to_string(timeout_.count()) + " ms waiting for rank(s) " + missing;
         poison_locked(rank, msg);
@@ -353,18 +369,25 @@ class thread_world {
 
   const detail::comm_slot& slot(int q) const noexcept { return ranks_[static_cast<std::size_t>(q)].slot; }
 
-  // The world of sub-group `color` made by the split that was collective number `seq`: the
-  // first member to ask creates it, the last one to ask drops it from the registry.
-  std::shared_ptr<thread_world> child(std::uint64_t seq, int color, int members) {
+  // The world of sub-group `color` made by the split that was collective number `seq`, whose
+  // members are these ranks of this world in group order: the first member to ask creates it
+  // (and records who is in it, for retire()), the last one to ask drops it from the registry.
+  std::shared_ptr<thread_world> child(std::uint64_t seq, int color, const std::vector<int>& members) {
     std::shared_ptr<thread_world> w;
     {
       std::lock_guard lk(m_);
       auto& entry = splits_[{seq, color}];
       if (!entry.first) {
-        entry = {std::make_shared<thread_world>(members, timeout_), members};
+        const int n = static_cast<int>(members.size());
+        entry = {std::make_shared<thread_world>(n, timeout_), n};
         // A group's ranks share the cores with every other rank of this world: a group of 2 out
         // of 4 ranks on 2 cores is as crowded as its parent, and must not spin either.
         entry.first->crowded_ = entry.first->crowded_ || crowded_;
+        // Set before any other thread can see the group (it is handed out under m_), then read only.
+        for (int q : members)
+          entry.first->world_rank_.push_back(world_rank_.empty() ? q : world_rank_[static_cast<std::size_t>(q)]);
+        std::erase_if(memberships_, [](const membership& m) { return m.group.expired(); });  // groups gone
+        for (int i = 0; i < n; ++i) memberships_.push_back({entry.first, members[static_cast<std::size_t>(i)], i});
         children_.push_back(entry.first);
       }
       w = entry.first;
@@ -410,6 +433,14 @@ class thread_world {
   std::string reason_;
   std::map<std::pair<std::uint64_t, int>, std::pair<std::shared_ptr<thread_world>, int>> splits_;
   std::vector<std::weak_ptr<thread_world>> children_;
+  // Which rank of this world is which rank of each split's group (retire() tells the groups).
+  struct membership {
+    std::weak_ptr<thread_world> group;
+    int rank, rank_in_group;
+  };
+  std::vector<membership> memberships_;
+  // A split's group: each rank's rank in the world run_ranks made (messages); empty for that world.
+  std::vector<int> world_rank_;
 };
 
 }  // namespace zshard

@@ -7,7 +7,9 @@
 //   zshard::engine_config cfg = ds.engine;                               // then adjust as usual
 //
 // What maps (DeepSpeed key -> zshard):
-//   zero_optimization.stage                       must be 3 (zshard is ZeRO stage 3)
+//   zero_optimization.stage                       must be 3 (zshard is ZeRO stage 3); without it (or
+//                                                 without zero_optimization) DeepSpeed would run stage 0:
+//                                                 a note says zshard runs stage 3 all the same
 //   zero_optimization.stage3_max_live_parameters  prefetch.max_live_numel
 //   zero_optimization.stage3_prefetch_bucket_size prefetch.prefetch_numel
 //   zero_optimization.stage3_param_persistence_threshold  partition.persistence_threshold_numel
@@ -15,16 +17,29 @@
 //   zero_optimization.reduce_bucket_size          reduce.reduce_bucket_numel
 //   zero_optimization.mics_shard_size             hybrid.shard_group_size (-1: plain ZeRO-3)
 //   zero_optimization.overlap_comm                overlap
-//   zero_optimization.offload_optimizer.device    cpu: offload_optimizer (use offload::host_adam); none: on device
-//   zero_optimization.offload_optimizer.pin_memory  pin_memory (zshard always stages through pinned memory)
+//   zero_optimization.offload_optimizer.device    cpu: offload_optimizer (use offload::host_adam); nvme: the
+//                                                 same with offload.optimizer_state = nvme; none: on device
+//   zero_optimization.offload_optimizer.nvme_path offload.nvme_path (required with device nvme)
+//   zero_optimization.offload_optimizer.buffer_count  offload.nvme_buffer_count (chunk buffers, >= 3)
+//   zero_optimization.offload_optimizer.pin_memory  offload.pin_memory (and pin_memory)
+//   zero_optimization.offload_param.device        cpu: offload.params = host (needs offload::host_adam);
+//                                                 nvme is refused (no parameter shards on NVMe); none
+//   zero_optimization.offload_param.pin_memory    offload.pin_memory (one host tier: must agree with the optimizer's)
+//   aio.thread_count                              offload.nvme_io_threads
+// Keys that would change what runs and that zshard cannot honour are refused by name (offload_param
+// on NVMe, pin_memory that differs between parameters and optimizer, fewer than 3 buffers).
 //   gradient_clipping                             clip_norm
 //   gradient_accumulation_steps                   gradient_accumulation_steps (micro-batches per step: the loop's)
 //   train_micro_batch_size_per_gpu                micro_batch_size (the loop's)
+//   train_batch_size                              train_batch_size; check_batch_size(world, ...) refuses a
+//                                                 run whose ranks x micro-batch x accumulation differ
 //   bf16.enabled / fp16.enabled                   param_dtype; fp16's loss_scale, initial_scale_power,
 //                                                 loss_scale_window, min_loss_scale -> loss_scale
 //   optimizer {type Adam|AdamW, params lr, betas, eps, weight_decay}  adamw
 // Keys DeepSpeed knows but zshard has no counterpart for are listed in notes(); keys neither
-// knows are listed once each by their dotted name in unknown_keys. A value of the wrong type,
+// knows are listed once each by their dotted name in unknown_keys. sets(key) says whether the
+// file gave a key its value (not "auto", not absent), so a training loop whose own options
+// override the file can say which value it replaced. A value of the wrong type,
 // or out of range, is a zshard::error (config) that names the key.
 //
 // "auto" is what the Hugging Face Trainer fills in from its own arguments. zshard has no
@@ -58,17 +73,40 @@ namespace zshard::config {
 
 struct import_options {
   // The model's hidden size: lets the Trainer's "auto" rules for the bucket sizes apply.
-  std::optional<std::size_t> hidden_size;
+  std::optional<std::size_t> hidden_size{};
 };
 
 struct deepspeed_settings {
   engine_config engine;                   // every value that maps; the rest keeps zshard's defaults
-  bool offload_optimizer = false;         // offload_optimizer.device == "cpu": use offload::host_adam
-  bool pin_memory = false;                // offload_optimizer.pin_memory, as read
+  bool offload_optimizer = false;         // offload_optimizer.device "cpu" or "nvme": use offload::host_adam
+  bool offload_param = false;             // offload_param.device == "cpu" (engine.offload.params = host)
+  bool pin_memory = false;                // offload_optimizer.pin_memory (or offload_param's), as read
   int gradient_accumulation_steps = 1;    // micro-batches per optimizer step (the training loop runs them)
   std::optional<int> micro_batch_size;    // train_micro_batch_size_per_gpu, when a number
+  std::optional<int> train_batch_size;    // train_batch_size, when a number (see check_batch_size)
+  std::set<std::string> applied;          // dotted keys whose values the file set (see sets())
+  std::string source = "deepspeed config";  // the file, for messages
   std::vector<std::string> unknown_keys;  // dotted names, once each, in file order
   std::vector<std::string> notes;         // "auto" values and keys with no zshard counterpart
+
+  // Whether the file set `key` (dotted, e.g. "optimizer.params.lr") to a value.
+  bool sets(std::string_view key) const { return applied.count(std::string(key)) != 0; }
+
+  // DeepSpeed's rule: train_batch_size = world size x train_micro_batch_size_per_gpu x
+  // gradient_accumulation_steps. A run whose numbers contradict the file's train_batch_size is
+  // a configuration error (it would not train on the global batch the file says).
+  void check_batch_size(int world, int micro_batch_size, int accumulation) const {
+    if (!train_batch_size) return;
+    const long long global = 1LL * world * micro_batch_size * accumulation;
+    if (global == *train_batch_size) return;
+    throw error(error_kind::config,
+                source + ": train_batch_size = " + std::to_string(*train_batch_size) + " contradicts the run: " +
+                    std::to_string(world) + " rank(s) x " + std::to_string(micro_batch_size) +
+                    " sequence(s) per micro-batch x " + std::to_string(accumulation) +
+                    " micro-batch(es) per step = " + std::to_string(global),
+                "make train_batch_size = ranks x train_micro_batch_size_per_gpu x gradient_accumulation_steps "
+                "(or drop train_batch_size): change the file, the number of ranks or the micro-batch size");
+  }
 
   // One line per unknown key and per note, ready to print.
   std::vector<std::string> messages() const {
@@ -94,13 +132,22 @@ inline const char* no_counterpart(std::string_view key) {
       {"zero_optimization.round_robin_gradients", "gradient shards are even slices of every parameter"},
       {"zero_optimization.memory_efficient_linear", "zshard does not wrap the model's layers"},
       {"zero_optimization.stage3_model_persistence_threshold", "persistence is per parameter only"},
-      {"zero_optimization.offload_optimizer.buffer_count", "staging is two halves of host_staging_numel"},
       {"zero_optimization.offload_optimizer.fast_init", "host state is initialised from the shards"},
       {"zero_optimization.offload_optimizer.ratio", "the whole optimizer runs where offload_optimizer says"},
-      {"zero_optimization.offload_param.pin_memory", "parameters stay on the device"},
-      {"zero_optimization.offload_param.buffer_count", "parameters stay on the device"},
-      {"zero_optimization.offload_param.buffer_size", "parameters stay on the device"},
-      {"zero_optimization.offload_param.max_in_cpu", "parameters stay on the device"},
+      {"zero_optimization.offload_optimizer.pipeline", "NVMe chunks are always read ahead and written behind"},
+      {"zero_optimization.offload_optimizer.pipeline_read", "NVMe chunks are always read ahead"},
+      {"zero_optimization.offload_optimizer.pipeline_write", "NVMe chunks are always written behind"},
+      {"zero_optimization.offload_param.buffer_count",
+       "parameter shards are uploaded per gather group, bounded by the prefetch window (no NVMe buffers)"},
+      {"zero_optimization.offload_param.buffer_size",
+       "parameter shards are uploaded per gather group, bounded by the prefetch window (no NVMe buffers)"},
+      {"zero_optimization.offload_param.max_in_cpu", "every offloaded shard is in host memory"},
+      {"zero_optimization.offload_param.nvme_path", "parameter shards stay in host memory"},
+      {"aio.block_size", "whole chunks are read and written (offload_config::nvme_chunk_numel)"},
+      {"aio.queue_depth", "each I/O thread has one chunk in flight"},
+      {"aio.single_submit", "each I/O thread has one chunk in flight"},
+      {"aio.overlap_events", "reads, writes and AdamW always overlap"},
+      {"aio.use_gds", "chunks go through host memory"},
       {"fp16.hysteresis", "zshard's scaler backs off at the first overflow"},
       {"fp16.consecutive_hysteresis", "zshard's scaler backs off at the first overflow"},
       {"fp16.auto_cast", "the training stack owns its kernels' precision"},
@@ -109,7 +156,6 @@ inline const char* no_counterpart(std::string_view key) {
       {"optimizer.params.adam_w_mode", "zshard's Adam is AdamW (decoupled weight decay)"},
       {"optimizer.params.bias_correction", "zshard's AdamW always corrects the moments' bias"},
       {"scheduler", "learning-rate schedules belong to the training loop (engine::set_lr)"},
-      {"train_batch_size", "the global batch is ranks x micro_batch_size x gradient_accumulation_steps"},
       {"steps_per_print", "the training loop prints"},
       {"wall_clock_breakdown", "use engine_config::trace for a timeline"},
       {"zero_allow_untested_optimizer", "zshard runs AdamW only"},
@@ -129,7 +175,7 @@ inline const char* no_counterpart(std::string_view key) {
 
 class deepspeed_reader {
  public:
-  deepspeed_reader(std::string source, import_options opt) : in_(std::move(source)), opt_(opt) {}
+  deepspeed_reader(std::string source, import_options opt) : in_(source), opt_(opt) { out_.source = std::move(source); }
 
   deepspeed_settings read(const nlohmann::ordered_json& root) {
     in_.require_object(root, "");
@@ -138,28 +184,48 @@ class deepspeed_reader {
         zero(v);
       else if (key == "gradient_clipping") {
         if (auto x = in_.number(v, key, 0.0, INFINITY, "a norm >= 0 (0 turns clipping off)"))
-          out_.engine.clip_norm = *x;
+          take(key, out_.engine.clip_norm, *x);
         else
           auto_note(key, "keeps clip_norm = " + fmt(out_.engine.clip_norm));
       } else if (key == "gradient_accumulation_steps") {
         if (auto x = in_.count(v, key, 1, 1 << 20))
-          out_.gradient_accumulation_steps = int(*x);
+          take(key, out_.gradient_accumulation_steps, int(*x));
         else
           auto_note(key, "keeps 1 micro-batch per step; the training loop decides");
       } else if (key == "train_micro_batch_size_per_gpu") {
         if (auto x = in_.count(v, key, 1, 1 << 20))
-          out_.micro_batch_size = int(*x);
+          take(key, out_.micro_batch_size, int(*x));
         else
           auto_note(key, "the training loop's batch size applies");
+      } else if (key == "train_batch_size") {
+        if (auto x = in_.count(v, key, 1, 1 << 30))
+          take(key, out_.train_batch_size, int(*x));
+        else
+          auto_note(key, "the global batch is ranks x micro-batch size x gradient_accumulation_steps");
       } else if (key == "bf16" || key == "fp16")
         precision(key, v);
       else if (key == "optimizer")
         optimizer(v);
+      else if (key == "aio")
+        aio(v);
       else
         other(key);
     }
+    if (out_.offload_param && !out_.offload_optimizer)
+      in_.fail("zero_optimization.offload_param.device", "is \"cpu\" while offload_optimizer.device is not",
+               "offloaded parameter shards are updated on the host: set offload_optimizer.device to \"cpu\" or "
+               "\"nvme\"");
+    if (nvme_ && out_.engine.offload.nvme_path.empty())
+      in_.fail("zero_optimization.offload_optimizer.nvme_path", "is missing, and offload_optimizer.device is \"nvme\"",
+               "name a directory on the NVMe drive that is to hold the optimizer state");
     if (half_[0] && half_[1])
       in_.fail("bf16.enabled and fp16.enabled", "are both true", "enable one working precision");
+    if (!root.contains("zero_optimization"))
+      note("no zero_optimization section: DeepSpeed would run without ZeRO (stage 0); zshard runs ZeRO stage 3 "
+           "(parameters, gradients and optimizer state sharded: the same training, less memory per rank)");
+    else if (root.at("zero_optimization").is_object() && !root.at("zero_optimization").contains("stage"))
+      note("zero_optimization has no stage: DeepSpeed would run stage 0 (no ZeRO); zshard runs ZeRO stage 3 "
+           "(parameters, gradients and optimizer state sharded: the same training, less memory per rank)");
     try {
       out_.engine.validate();
     } catch (const error& e) {
@@ -180,6 +246,7 @@ class deepspeed_reader {
         if (*s != 3)
           in_.fail(key, "is " + std::to_string(*s) + ", zshard implements stage 3 only",
                    "set \"stage\": 3 (parameters, gradients and optimizer state sharded)");
+        applied(key);
       } else if (k == "stage3_max_live_parameters") {
         size_key(v, key, c.prefetch.max_live_numel, 1, std::nullopt);
       } else if (k == "stage3_prefetch_bucket_size") {
@@ -194,12 +261,12 @@ class deepspeed_reader {
       } else if (k == "mics_shard_size") {  // MiCS: shard within groups, replicate across them
         if (v.is_number_integer() && v.get<std::int64_t>() < 0) continue;  // DeepSpeed's -1: MiCS off
         if (const auto n = in_.count(v, key, 1, 1u << 20))
-          c.hybrid.shard_group_size = int(*n);
+          take(key, c.hybrid.shard_group_size, int(*n));
         else
           auto_note(key, "keeps plain ZeRO-3 over the whole world");
       } else if (k == "overlap_comm") {
         if (auto b = in_.boolean(v, key))
-          c.overlap = *b;
+          take(key, c.overlap, *b);
         else
           auto_note(key, "keeps overlap = on");
       } else if (k == "offload_optimizer") {
@@ -218,21 +285,24 @@ class deepspeed_reader {
       const std::string key = where + "." + k;
       if (k == "device") {
         const std::string d = in_.string(v, key);
-        if (d == "cpu")
-          out_.offload_optimizer = true;
-        else if (d == "none")
-          out_.offload_optimizer = false;
-        else if (d == "nvme")
-          in_.fail(key, "is \"nvme\": zshard offloads optimizer state to host memory, not to NVMe",
-                   "use \"cpu\" (zshard::offload::host_adam) and size host memory with zshard_plan");
-        else
-          in_.fail(key, "is \"" + d + "\"", "use \"cpu\" or \"none\"");
+        if (d == "cpu" || d == "nvme") {
+          take(key, out_.offload_optimizer, true);
+          nvme_ = d == "nvme";
+          out_.engine.offload.optimizer_state = nvme_ ? offload_tier::nvme : offload_tier::host;
+        } else if (d == "none") {
+          take(key, out_.offload_optimizer, false);
+        } else {
+          in_.fail(key, "is \"" + d + "\"", "use \"cpu\", \"nvme\" or \"none\"");
+        }
       } else if (k == "pin_memory") {
-        if (auto b = in_.boolean(v, key)) out_.pin_memory = *b;
-        if (!out_.pin_memory)
-          note(key + " = false: zshard stages device transfers through page-locked buffers regardless");
+        pin_memory(v, key);
       } else if (k == "nvme_path") {
-        note(key + ": no NVMe offload in zshard");
+        out_.engine.offload.nvme_path = in_.string(v, key);
+      } else if (k == "buffer_count") {
+        if (auto n = in_.count(v, key, 3, 1 << 20))
+          out_.engine.offload.nvme_buffer_count = int(*n);
+        else
+          auto_note(key, "keeps " + std::to_string(out_.engine.offload.nvme_buffer_count) + " chunk buffers");
       } else {
         other(key);
       }
@@ -245,9 +315,41 @@ class deepspeed_reader {
       const std::string key = where + "." + k;
       if (k == "device") {
         const std::string d = in_.string(v, key);
-        if (d != "none")
-          in_.fail(key, "is \"" + d + "\": zshard keeps parameter shards on the device",
-                   "set \"none\"; with 8 ranks a 70B model's bf16 shards take 17.5 GB each (see zshard_plan)");
+        if (d == "nvme")
+          in_.fail(key, "is \"nvme\": zshard keeps offloaded parameter shards in host memory, not on NVMe",
+                   "use \"cpu\" (and offload_optimizer \"nvme\" for the optimizer state); size host memory with "
+                   "zshard_plan --offload-param cpu");
+        if (d != "cpu" && d != "none") in_.fail(key, "is \"" + d + "\"", "use \"cpu\" or \"none\"");
+        out_.offload_param = d == "cpu";
+        out_.engine.offload.params = out_.offload_param ? offload_tier::host : offload_tier::device;
+      } else if (k == "pin_memory") {
+        pin_memory(v, key);
+      } else {
+        other(key);
+      }
+    }
+  }
+
+  // One host tier holds parameters and optimizer state alike: one pin_memory for both.
+  void pin_memory(const nlohmann::ordered_json& v, const std::string& key) {
+    const auto b = in_.boolean(v, key);
+    if (!b)
+      return auto_note(key, "keeps pin_memory = " + std::string(out_.engine.offload.pin_memory ? "true" : "false"));
+    if (pin_seen_ && *b != out_.engine.offload.pin_memory)
+      in_.fail(key, std::string("= ") + (*b ? "true" : "false") + " differs from " + pin_key_,
+               "zshard keeps offloaded parameters and optimizer state in one host tier: give both the same value");
+    pin_seen_ = true;
+    pin_key_ = key;
+    out_.pin_memory = out_.engine.offload.pin_memory = *b;
+  }
+
+  // DeepSpeed's asynchronous I/O settings: the thread count maps, the rest are notes.
+  void aio(const nlohmann::ordered_json& a) {
+    in_.require_object(a, "aio");
+    for (const auto& [k, v] : a.items()) {
+      const std::string key = "aio." + k;
+      if (k == "thread_count") {
+        if (auto n = in_.count(v, key, 1, 64)) out_.engine.offload.nvme_io_threads = int(*n);
       } else {
         other(key);
       }
@@ -261,6 +363,7 @@ class deepspeed_reader {
     if (p.contains("enabled")) {
       const auto b = in_.boolean(p.at("enabled"), which + ".enabled");
       if (!b) auto_note(which + ".enabled", "counts as false: say true or false");
+      else applied(which + ".enabled");
       enabled = b.value_or(false);
     }
     half_[f16 ? 1 : 0] = enabled;
@@ -318,7 +421,7 @@ class deepspeed_reader {
       const std::string key = "optimizer.params." + k;
       if (k == "lr") {
         if (auto x = in_.number(v, key, 1e-30, 1e30, "a positive learning rate"))
-          a.lr = float(*x);
+          take(key, a.lr, float(*x));
         else
           auto_note(key, "the training loop sets it (engine::set_lr); until then lr = " + fmt(a.lr));
       } else if (k == "betas") {
@@ -329,14 +432,15 @@ class deepspeed_reader {
         if (!v.is_array() || v.size() != 2) in_.fail(key, "must be a list of two numbers", "e.g. [0.9, 0.95]");
         a.beta1 = float(*in_.number(v[0], key + "[0]", 0.0, 0.999999, "a decay in [0, 1)"));
         a.beta2 = float(*in_.number(v[1], key + "[1]", 0.0, 0.999999999, "a decay in [0, 1)"));
+        applied(key);
       } else if (k == "eps") {
         if (auto x = in_.number(v, key, 1e-30, 1.0, "a small positive value"))
-          a.eps = float(*x);
+          take(key, a.eps, float(*x));
         else
           auto_note(key, "keeps " + fmt(a.eps));
       } else if (k == "weight_decay") {
         if (auto x = in_.number(v, key, 0.0, 1e6, "a decay >= 0"))
-          a.weight_decay = float(*x);
+          take(key, a.weight_decay, float(*x));
         else
           auto_note(key, "keeps " + fmt(a.weight_decay));
       } else {
@@ -350,8 +454,10 @@ class deepspeed_reader {
                 std::optional<std::size_t> trainer_auto) {
     if (auto n = in_.count(v, key, min, std::size_t{1} << 53)) {
       into = std::size_t(*n);
+      applied(key);
     } else if (trainer_auto) {
       into = *trainer_auto;
+      applied(key);
       auto_note(key, "= " + std::to_string(into) + " (the Trainer's rule for hidden_size " +
                          std::to_string(*opt_.hidden_size) + ")");
     } else {
@@ -375,6 +481,13 @@ class deepspeed_reader {
     note(key + " is \"auto\" (the Hugging Face Trainer fills it in; zshard has none): " + what);
   }
   void note(std::string line) { out_.notes.push_back(std::move(line)); }
+  void applied(const std::string& key) { out_.applied.insert(key); }
+  // A value the file gives `key`: stored, and the key marked as set.
+  template <class T, class V>
+  void take(const std::string& key, T& into, V value) {
+    into = static_cast<T>(value);
+    applied(key);
+  }
   static std::string fmt(double x) {
     std::ostringstream os;
     os << x;
@@ -385,6 +498,9 @@ class deepspeed_reader {
   import_options opt_;
   deepspeed_settings out_;
   bool half_[2] = {false, false};
+  bool nvme_ = false;      // offload_optimizer.device is "nvme"
+  bool pin_seen_ = false;  // a pin_memory key was read (pin_key_ names it)
+  std::string pin_key_;
   std::set<std::string> seen_;
 };
 

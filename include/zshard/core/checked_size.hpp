@@ -35,6 +35,17 @@ inline std::size_t checked_add(std::size_t a, std::size_t b, const char* what) {
   return r;
 }
 
+// Whether elements [offset, offset + n) lie in [0, size), without computing offset + n, which
+// wraps for an offset near SIZE_MAX and would let a huge offset pass as a small end.
+constexpr bool range_within(std::size_t offset, std::size_t n, std::size_t size) noexcept {
+  return n <= size && offset <= size - n;
+}
+
+// Such a range in a message, without its (possibly wrapping) end.
+inline std::string describe_range(std::size_t offset, std::size_t n) {
+  return std::to_string(n) + " element(s) from element " + std::to_string(offset);
+}
+
 // n rounded up to a multiple of `multiple` (> 0).
 inline std::size_t checked_round_up(std::size_t n, std::size_t multiple, const char* what) {
   const std::size_t rem = n % multiple;

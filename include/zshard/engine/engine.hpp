@@ -111,7 +111,8 @@ class engine {
         comm_(groups_.shard()),
         reduce_comm_(groups_.reduce_shard()),
         watch_(backend, comm_, reduce_comm_, groups_.replica(), hybrid_.flat() ? nullptr : &groups_.world()),
-        store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap, compute ? &*compute : nullptr),
+        store_(backend, spec_, layouts_, cfg_.param_dtype, cfg_.overlap, compute ? &*compute : nullptr,
+               cfg_.offload.params != offload_tier::device),
         offloader_(store_, comm_, cfg_.adamw, cfg_.offload),
         sink_(offloader_, groups_.replica(), store_),
         reducer_(store_, reduce_comm_, cfg_.reduce),
@@ -120,6 +121,7 @@ class engine {
         scaler_(cfg_.loss_scale),
         ctl_(spec_, cfg_.param_groups, cfg_.adamw) {
     controls::check_supported(cfg_);
+    engine_checks::shard_tier_attached(store_);
     // (a hybrid engine's ranks checked them over the world before splitting)
     if constexpr (Backend::holds_storage)
       if (hybrid_.flat()) agreement_.check_settings(schedule_settings(spec_, cfg_, layouts_, comm_.size()));
@@ -182,7 +184,9 @@ class engine {
   void begin_backward() {
     rethrow_if_unusable();
     ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage,
-                   "begin_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open");
+                   "begin_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open",
+                   "a scope lives as long as its object: end each forward scope before begin_backward(), e.g. "
+                   "`{ auto g = eng.forward(m); ... }` (a scope kept in a variable of the loop body stays open)");
     tracker_.on_begin_backward();
     fp_.on_event(schedule_event::begin_backward);
   }
@@ -192,7 +196,9 @@ class engine {
   void end_backward() {
     rethrow_if_unusable();
     ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage,
-                   "end_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open");
+                   "end_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open",
+                   "a scope lives as long as its object: end each backward scope before end_backward(), e.g. "
+                   "`{ auto g = eng.backward(m); ... }`");
     completed_.clear();
     const std::size_t swept_before = swept_.size();
     tracker_.on_end_backward(completed_, swept_);
@@ -233,11 +239,17 @@ class engine {
 
     store_.streams().order(stream_role::compute, stream_role::reduce);  // the Offloader reads gradient shards
     fp_.on_event(schedule_event::step);
-    // Before anything is applied: ranks whose schedules differ fail here, on every rank (I9).
+    // Before anything is applied: ranks whose schedules or learning rates differ fail here, on
+    // every rank (I9).
     global_grad_stats g;
     try {
+      local_grad_norm local;
+      {
+        trace_span t(trace_, "optimizer", "gradient statistics (this rank's sums; waits for backward)");
+        local = counted_grad_norm();
+      }
       trace_span t(trace_, "wait", "gradient statistics exchange (waits for every rank)");
-      g = agreement_.at_step(counted_grad_norm(), fp_);
+      g = agreement_.at_step(local, fp_, ctl_.groups, step_ + 1);
     } catch (...) {
       offloader_.discard_grads();
       broken_ = std::current_exception();
@@ -254,7 +266,8 @@ class engine {
     } else {
       r.clip_coefficient = optim::clip_coefficient(r.grad_norm, cfg_.clip_norm);
       trace_span t(trace_, "optimizer", "optimizer (AdamW, host copies)");
-      offloader_.update({++step_, lr(), static_cast<float>(r.clip_coefficient / denom), &ctl_.groups});
+      offloader_.update({step_ + 1, lr(), static_cast<float>(r.clip_coefficient / denom), &ctl_.groups});
+      ++step_;  // only once applied: a failed update (an NVMe I/O error) leaves the last completed step's count
     }
     publish_shards();
     scaler_.update(overflow);
@@ -302,7 +315,8 @@ class engine {
   // Multiply the loss gradient by this before backward (1 unless f16 loss scaling is on).
   float loss_scale() const noexcept { return scaler_.scale(); }
   // Learning rates per parameter group (optim/param_groups.hpp): group "default" is index 0. A
-  // schedule calls set_lr on every rank alike (not checked: it is called every step).
+  // schedule calls set_lr on every rank alike; the next step() checks that the ranks agree (in
+  // its one exchange) and fails on every rank, naming each group and every rank's rate, if not.
   float lr() const noexcept { return ctl_.groups.lr(0); }
   float lr(std::string_view group) const { return ctl_.groups.lr(ctl_.groups.index_of(group)); }
   void set_lr(float lr) {  // every group
@@ -522,7 +536,10 @@ class engine {
         auto& compute = store_.streams().on(stream_role::compute);
         buffer<Backend> staging = scratch(dtype::f32, n);
         backend_.copy(staging.data(), values.data(), n * sizeof(float), compute);
-        backend_.convert(staging.data(), dtype::f32, s.shard.data(), s.type, n, compute);
+        if (void* host = store_.host_shard(p))  // offloaded (param_store.hpp): written where it lives
+          zshard::convert(values.data(), dtype::f32, host, s.type, n);
+        else
+          backend_.convert(staging.data(), dtype::f32, s.shard.data(), s.type, n, compute);
         if (s.spec->trainable) offloader_.init_param(p, staging.template as<float>());
         backend_.synchronize(compute);
       }

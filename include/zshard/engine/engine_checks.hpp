@@ -63,4 +63,13 @@ void no_full_gradient_left(const param_store<Backend>& store, Held&& held) {
                    "counted use's backward is done, and every pending one at on_end_backward");
 }
 
+// Parameter offload (offload_config::params): the Offloader attached the tier that keeps the
+// shards the store left off the device (state/shard_tier.hpp).
+template <class Backend>
+void shard_tier_attached(const param_store<Backend>& store) {
+  ZSHARD_REQUIRE(!store.offloads_shards() || store.has_tier(), error_kind::config,
+                 "offload_config.params = host, but this engine's Offloader keeps no parameter shards",
+                 "use offload::host_adam, which keeps them in host memory (offload/param_tier.hpp)");
+}
+
 }  // namespace zshard::engine_checks

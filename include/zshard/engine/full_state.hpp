@@ -19,16 +19,23 @@
 //                                   step(); not while gradients are held unreduced (sync off).
 //   gather_optimizer_state(p, f)    f = master, m or v of a trainable parameter; between steps
 //   write_optimizer_state(p, f, value, writer)   f = m or v (write the master with write_param,
-//                                   which keeps it and the working value together); between steps
+//                                   which keeps it and the working value together); between steps.
+//                                   m must be finite, v finite and >= 0: anything else would turn
+//                                   the parameter into NaN at the next step, so it is refused on
+//                                   every rank, naming the first bad element, before anything changes
 // They are built on the per-rank state access (state/state_access.hpp: read_shard/write_shard)
 // through state/param_access.hpp's gather_field/scatter_field; the gradient comes from the
 // Offloader's read_grad (offload/offloader.hpp).
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "zshard/comm/communicator.hpp"
 #include "zshard/core/buffer.hpp"
+#include "zshard/core/format.hpp"
 #include "zshard/engine/engine_checks.hpp"
 #include "zshard/engine/training_controls.hpp"
 #include "zshard/offload/offloader.hpp"
@@ -53,8 +60,12 @@ class full_state {
       e.backend_.convert(s.shard.data(), s.type, staging.data(), dtype::f32, s.layout.numel, compute);
     } else {  // gathered in the working dtype, then widened: the planner's gather_scratch
       buffer<backend_type> full = e.scratch(s.type, s.layout.padded_numel);
-      tagged::all_gather(e.comm_, s.shard.data(), full.data(), s.layout.shard_numel, s.type,
-                         streams.collective_on(stream_role::compute),
+      struct unstage {  // an offloaded shard's staged copy (param_store.hpp), on success or failure
+        decltype(e.store_)& store;
+        ~unstage() { store.gathers_issued(stream_role::compute); }
+      } staged{e.store_};
+      tagged::all_gather(e.comm_, e.store_.gather_source(p, stream_role::compute), full.data(), s.layout.shard_numel,
+                         s.type, streams.collective_on(stream_role::compute),
                          {collective_use::gather_param, collective_tag::none, p});
       e.backend_.convert(full.data(), s.type, staging.data(), dtype::f32, s.layout.numel, compute);
     }
@@ -121,18 +132,43 @@ class full_state {
   }
 
  private:
+  enum problem : std::uint64_t { none, wrong_size, bad_moment };
+
   // One exchange: the same parameter, field and writer on every rank, and the writer's value of
-  // the right size. A writer outside the world is refused on every rank before it.
+  // the right size, and for a moment one that AdamW can use: m finite, v finite and not negative
+  // (a negative v makes sqrt(v) NaN; a NaN or Inf moment makes the parameter NaN at the next
+  // step, which is not an overflow the loss scaler would skip). The first bad element is named.
+  // A writer outside the world is refused on every rank before it.
   static void agree_on_write(Engine& e, param_id p, state_field f, std::span<const float> value, int writer,
                              const std::string& what) {
     const int world = e.world_comm().size();
     ZSHARD_REQUIRE(writer >= 0 && writer < world, error_kind::usage,
                    what + ": writer rank " + std::to_string(writer) + " is not in a world of " + std::to_string(world));
     const std::size_t numel = e.store_[p].layout.numel;
-    const bool bad = e.world_comm().rank() == writer && value.size() != numel;
-    e.agreement_.same_arguments(what, {p, std::uint64_t(f), std::uint64_t(writer)}, bad,
-                                "(the writer) passed a value of the wrong size for '" + e.spec_.param(p).name + "' (" +
-                                    std::to_string(numel) + " elements expected)");
+    argument_problem bad;
+    if (e.world_comm().rank() == writer) {
+      if (value.size() != numel) {
+        bad.code = wrong_size;
+      } else if (f == state_field::m || f == state_field::v) {
+        for (std::size_t i = 0; i < numel; ++i)
+          if (!std::isfinite(value[i]) || (f == state_field::v && value[i] < 0.0f)) {
+            bad = {bad_moment, i, std::bit_cast<std::uint32_t>(value[i])};
+            break;
+          }
+      }
+    }
+    const std::string& name = e.spec_.param(p).name;
+    e.agreement_.same_arguments(
+        what, {p, std::uint64_t(f), std::uint64_t(writer)}, bad, [&](const argument_problem& q) -> std::string {
+          if (q.code == wrong_size)
+            return "(the writer) passed a value of the wrong size for '" + name + "' (" + std::to_string(numel) +
+                   " elements expected)";
+          const float x = std::bit_cast<float>(static_cast<std::uint32_t>(q.value));
+          return std::string("(the writer) passed ") + (f == state_field::v ? "a v" : "an m") + " for '" + name +
+                 "' whose element #" + std::to_string(q.detail) + " is " + format_number(x) +
+                 (f == state_field::v ? ": a second moment must be finite and not negative"
+                                      : ": a first moment must be finite");
+        });
   }
 };
 

@@ -41,8 +41,12 @@ class hybrid_groups {
     if (layout.flat()) return;
     if constexpr (!splittable<Comm>) {
       throw error(error_kind::config,
-                  "hybrid sharding needs a communicator with split(color, key); this one has none",
-                  "use thread_comm, mpi_comm, nccl_comm or null_comm, or set hybrid.shard_group_size = 0");
+                  "hybrid sharding (hybrid.shard_group_size = " + std::to_string(cfg.shard_group_size) +
+                      ") needs split(color, key) on the engine's communicator type, and this type has none (zshard's "
+                      "thread, MPI, NCCL and null communicators have it; a wrapper around one does not, unless it "
+                      "forwards it)",
+                  "give the communicator type `C split(int color, int key)` returning the same type (a wrapper: "
+                  "wrap the inner communicator's split), or set hybrid.shard_group_size = 0 for plain ZeRO-3");
     } else {
       if constexpr (Backend::holds_storage) {
         auto stream = backend.make_stream();

@@ -8,22 +8,52 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "zshard/backend/backend.hpp"
 #include "zshard/comm/communicator.hpp"
 #include "zshard/core/buffer.hpp"
+#include "zshard/core/dtype.hpp"
+#include "zshard/core/format.hpp"
 #include "zshard/engine/schedule_fingerprint.hpp"
 #include "zshard/model/model_spec.hpp"
+#include "zshard/optim/param_groups.hpp"
 #include "zshard/state/stream_roles.hpp"
 
 namespace zshard {
 
+// How a setting's 64-bit word reads in a message: as the value it was made from.
+enum class setting_kind : std::uint8_t {
+  count,  // an integer (sizes, counts)
+  real,   // a double's bits
+  flag,   // 0 or 1
+  type,   // a dtype
+  hash,   // a fingerprint of many values (the model, the layouts, the parameter groups)
+};
+
 struct setting_value {
   std::string name;
   std::uint64_t value;
+  setting_kind kind = setting_kind::count;
 };
+
+inline std::string describe_setting(setting_kind k, std::uint64_t v) {
+  switch (k) {
+    case setting_kind::real:
+      return format_number(std::bit_cast<double>(v));
+    case setting_kind::flag:
+      return v == 0 ? "false" : v == 1 ? "true" : std::to_string(v);
+    case setting_kind::type:
+      return v <= std::uint64_t(dtype::f16) ? std::string(to_string(static_cast<dtype>(v))) : std::to_string(v);
+    case setting_kind::hash:
+      return "hash " + format_hex(v);
+    case setting_kind::count:
+      break;
+  }
+  return std::to_string(v);
+}
 
 // A rank's part of the step's gradient norm (engine/grad_norm.hpp): for norm type 2 the sum of
 // squares, for 1 the sum of |g|, for inf the largest |g|, over the gradient shards it owns (a
@@ -33,6 +63,16 @@ struct local_grad_norm {
   bool nonfinite = false;
   double norm_type = 2.0;
 };
+
+// What same_arguments carries for a failure one rank sees: code 0 is none; the meaning of the
+// code and of its two detail words (an element index, a value's bits) is the caller's.
+struct argument_problem {
+  std::uint64_t code = 0, detail = 0, value = 0;
+};
+
+// The words same_arguments exchanges for a call of `arguments` arguments: those and the three of
+// an argument_problem. What the planner charges for a control call's check.
+constexpr std::size_t argument_check_words(std::size_t arguments) { return arguments + 3; }
 
 struct global_grad_stats {
   double norm = 0;        // of type norm_type, over every rank's parts combined in double in rank order
@@ -44,7 +84,8 @@ struct global_grad_stats {
 constexpr std::size_t exchange_scratch_bytes(std::size_t words, int world) {
   return 8 * words * (1 + static_cast<std::size_t>(world));
 }
-inline constexpr std::size_t step_exchange_words = 4;  // fingerprint, scope count, norm part, overflow
+// fingerprint, scope count, norm part, overflow, the learning rates' hash
+inline constexpr std::size_t step_exchange_words = 5;
 
 // The exchange under rank_agreement, for callers without an engine's streams (the hybrid
 // layout is checked before its groups exist: engine/hybrid_groups.hpp).
@@ -79,8 +120,9 @@ void check_settings_on(Backend& backend, Comm& comm, typename Backend::stream& s
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t r = 1; r < std::size_t(comm.size()); ++r)
       ZSHARD_REQUIRE(all[r * n + i] == all[i], error_kind::config,
-                     "ranks disagree on " + settings[i].name + ": rank 0 has " + std::to_string(all[i]) +
-                         ", rank " + std::to_string(r) + " has " + std::to_string(all[r * n + i]),
+                     "ranks disagree on " + settings[i].name + ": rank 0 has " +
+                         describe_setting(settings[i].kind, all[i]) + ", rank " + std::to_string(r) + " has " +
+                         describe_setting(settings[i].kind, all[r * n + i]),
                      "build the same model_spec and engine_config on every rank (every setting that shapes the "
                      "schedule of collectives must agree)");
 }
@@ -107,25 +149,33 @@ class rank_agreement {
   }
 
   // step(): the schedule fingerprints agree (else throws, naming the first scope where the
-  // ranks diverged), and the gradient norm, every rank's part combined in double in rank order
-  // (sum for types 2 and 1, then the square root for 2; max for inf), so the result does not
-  // depend on the world size or on timing. One exchange, whatever the norm type.
-  global_grad_stats at_step(const local_grad_norm& local, const schedule_fingerprint& fp) {
+  // ranks diverged), so do the learning rates the step is about to apply (set_lr on some ranks
+  // only would train one parameter's shards at two rates: else throws, naming each group that
+  // differs and every rank's rate), and the gradient norm, every rank's part combined in double
+  // in rank order (sum for types 2 and 1, then the square root for 2; max for inf), so the result
+  // does not depend on the world size or on timing. One exchange, whatever the norm type; the
+  // failures cost more exchanges, which every rank makes (every rank saw the same mismatch).
+  // `step`: the 1-based number of the step being checked.
+  global_grad_stats at_step(const local_grad_norm& local, const schedule_fingerprint& fp,
+                            const optim::param_groups& groups, std::int64_t step) {
+    constexpr std::size_t n = step_exchange_words;
     const std::vector<std::uint64_t> mine = {fp.value(), fp.scopes(), std::bit_cast<std::uint64_t>(local.part),
-                                             local.nonfinite ? 1u : 0u};
-    static_assert(step_exchange_words == 4);
+                                             local.nonfinite ? 1u : 0u, groups.lr_hash()};
+    static_assert(n == 5);
     // Tagged without the hash: ranks whose schedules differ still meet here, and find where.
     const auto all = exchange(mine, {collective_use::step_check});
     const std::size_t world = static_cast<std::size_t>(comm_.size());
     for (std::size_t r = 0; r < world; ++r)
-      if (all[r * 4] != all[0] || all[r * 4 + 1] != all[1]) report_divergence(fp, "step()");
+      if (all[r * n] != all[0] || all[r * n + 1] != all[1]) report_divergence(fp, "step()");
+    for (std::size_t r = 0; r < world; ++r)
+      if (all[r * n + 4] != all[4]) report_learning_rates(groups, step);
     const bool max_norm = std::isinf(local.norm_type);
     global_grad_stats g;
     double combined = 0;
     for (std::size_t r = 0; r < world; ++r) {
-      const double part = std::bit_cast<double>(all[r * 4 + 2]);
+      const double part = std::bit_cast<double>(all[r * n + 2]);
       combined = max_norm ? (std::isnan(part) || part > combined ? part : combined) : combined + part;
-      g.overflow = g.overflow || all[r * 4 + 3] != 0;
+      g.overflow = g.overflow || all[r * n + 3] != 0;
     }
     g.overflow = g.overflow || !std::isfinite(combined);
     g.norm = local.norm_type == 2.0 ? std::sqrt(combined) : combined;
@@ -134,25 +184,37 @@ class rank_agreement {
 
   // A call whose collectives depend on its arguments (set_trainable, set_gradient_sync, a state
   // write's writer rank, ...): every rank passed the same `values`, else every rank throws the
-  // same usage error naming `what`. `problem`: a failure only this rank can see (a bad value on
-  // the writer rank); any rank's becomes every rank's error, with `problem_text`. One exchange.
-  void same_arguments(const std::string& what, const std::vector<std::uint64_t>& values, bool problem = false,
-                      const std::string& problem_text = {}) {
+  // same usage error naming `what` and each differing argument as every rank passed it.
+  // `problem`: a failure only this rank can see (a bad value on the writer rank), as a code (0:
+  // none) and two words of detail; any rank's becomes every rank's error, worded by `describe`
+  // from those words alone, so that every rank throws the same text. One exchange.
+  void same_arguments(const std::string& what, const std::vector<std::uint64_t>& values,
+                      const argument_problem& problem = {},
+                      const std::function<std::string(const argument_problem&)>& describe = {}) {
     std::vector<std::uint64_t> mine = values;
-    mine.push_back(problem ? 1u : 0u);
-    const std::size_t n = mine.size(), world = static_cast<std::size_t>(comm_.size());
+    mine.insert(mine.end(), {problem.code, problem.detail, problem.value});
+    static_assert(argument_check_words(0) == 3);
+    const std::size_t n = mine.size(), k = values.size(), world = static_cast<std::size_t>(comm_.size());
     const auto all = exchange(mine, {collective_use::arguments});
     if constexpr (!Backend::holds_storage) return;  // no peers' words (phantom): nothing to compare
-    for (std::size_t r = 0; r < world; ++r)
-      for (std::size_t i = 0; i + 1 < n; ++i)
-        ZSHARD_REQUIRE(all[r * n + i] == all[i], error_kind::usage,
-                       "ranks called " + what + " with different arguments (rank 0 and rank " + std::to_string(r) +
-                           " differ in argument #" + std::to_string(i + 1) + ")",
-                       "call it on every rank with the same arguments, at the same point of the training loop");
-    for (std::size_t r = 0; r < world; ++r)
-      ZSHARD_REQUIRE(all[r * n + n - 1] == 0, error_kind::usage,
-                     what + ": rank " + std::to_string(r) + " " + problem_text,
-                     "every rank took part and none changed anything; fix the call on that rank");
+    for (std::size_t i = 0; i < k; ++i) {
+      bool same = true;
+      for (std::size_t r = 1; r < world; ++r) same = same && all[r * n + i] == all[i];
+      if (same) continue;
+      std::string each;
+      for (std::size_t r = 0; r < world; ++r)
+        each += (r ? ", rank " : "rank ") + std::to_string(r) + " passed " + std::to_string(all[r * n + i]);
+      throw error(
+          error_kind::usage,
+          "ranks called " + what + " with different arguments: argument #" + std::to_string(i + 1) + ": " + each,
+          "call it on every rank with the same arguments, at the same point of the training loop");
+    }
+    for (std::size_t r = 0; r < world; ++r) {
+      const argument_problem p{all[r * n + k], all[r * n + k + 1], all[r * n + k + 2]};
+      if (p.code != 0)
+        throw error(error_kind::usage, what + ": rank " + std::to_string(r) + " " + (describe ? describe(p) : "failed"),
+                    "every rank took part and none changed anything; fix the call on that rank");
+    }
   }
 
   // check_every_scope: the fingerprints agree now, before the scope's gathers.
@@ -179,6 +241,33 @@ class rank_agreement {
                         ? std::string("backward")
                         : "forward (" + std::string(to_string(schedule_fingerprint::kind(en))) + ")";
     return d + " of module '" + spec_.module(schedule_fingerprint::module(en)).name + "'";
+  }
+
+  // One more exchange (every rank makes it: every rank saw the same hash differ) brings every
+  // rank's learning rate of every group (the groups agree: checked at construction).
+  [[noreturn]] void report_learning_rates(const optim::param_groups& groups, std::int64_t step) {
+    const std::size_t k = groups.size(), world = static_cast<std::size_t>(comm_.size());
+    std::vector<std::uint64_t> mine;
+    for (std::size_t g = 0; g < k; ++g) mine.push_back(std::bit_cast<std::uint32_t>(groups.lr(g)));
+    const auto all = exchange(mine, {collective_use::step_check});
+    auto lr = [&](std::size_t r, std::size_t g) {
+      return std::bit_cast<float>(static_cast<std::uint32_t>(all[r * k + g]));
+    };
+    std::string msg = "ranks disagree on the learning rates at step " + std::to_string(step) + ":";
+    for (std::size_t g = 0; g < k; ++g) {
+      bool same = true;
+      for (std::size_t r = 1; r < world; ++r) same = same && all[r * k + g] == all[g];
+      if (same) continue;
+      msg += " group '" + groups.name(g) + "':";
+      for (std::size_t r = 0; r < world; ++r)
+        msg += (r ? ", rank " : " rank ") + std::to_string(r) + " has " + format_number(lr(r, g));
+      msg += ";";
+    }
+    msg.pop_back();
+    throw error(error_kind::usage, msg + " (the step was not applied)",
+                "call set_lr (and restore_run_counters) on every rank with the same values, as a schedule that "
+                "computes the rate from the step does; a rate set on one rank only would train the shards of one "
+                "parameter at two rates");
   }
 
   // Two more exchanges (every rank makes them: every rank saw the same mismatch) find the first

@@ -1,7 +1,10 @@
 #pragma once
 // Which parameters are gathered, and why: pinned by an open scope, held, or gathered ahead /
 // kept for reuse by the Prefetcher (advisory). Owns invariant I5: resident elements stay within
-// max_live_numel, except one module larger than it alone when allow_oversized_module is set.
+// max_live_numel, except one module larger than it alone, while its scope is open, when
+// allow_oversized_module is set. When such a scope closes, what it would leave gathered above
+// the budget (the Prefetcher's keep for reuse, a preferred hold) is released at once, so that
+// with no scope open the budget holds again (the memory planner relies on it: plan/gathered_bound.hpp).
 //
 // Holds come in two kinds. A binding hold (the HookTracker's keeps_gathered) is never evicted,
 // so the budget check can fail on it. A preferred hold (the HookTracker's prefers_gathered: the
@@ -24,6 +27,7 @@
 // the gather stream; the compute stream waits for m's gathers before the scope hands out its
 // parameters, but not for the gathers ahead issued after that wait: those run while m computes.
 #include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -86,6 +90,9 @@ class residency {
       --e.pins;
       release_if_unused(p);
     }
+    // Only an oversized module's scope leaves more than max_live_numel behind: the budget
+    // binds again as soon as it stops executing (I5).
+    evict_until(0, {}, {});
   }
 
   // End of backward (I3): no hold survives it.
@@ -146,35 +153,47 @@ class residency {
 
   // Gathers the parameters of `wanted` not yet gathered that `admit` lets in, as one group,
   // then marks the group's end on the gather stream for each (a group's collectives run at
-  // its end, so the mark must come after it). When a collective fails, the ones issued before
-  // it keep their mark (their buffers are freed on compute after waiting for it) and the one
-  // that failed goes back to sharded.
+  // its end, so the mark must come after it). The gathered buffers are allocated in the compute
+  // stream's order (param_store::begin_gather), so the gather stream first waits for compute up
+  // to that point: the kernels of the scopes before this one, not this scope's, which are
+  // enqueued after it. When a collective fails, the ones issued before it keep their mark
+  // (their buffers are freed on compute after waiting for it) and the rest go back to sharded.
   template <class Admit>
   void gather_group(const std::vector<param_id>& wanted, collective_tag tag, Admit&& admit) {
     issued_.clear();
+    begun_.clear();
+    try {
+      for (param_id p : wanted) {
+        if (store_[p].is_gathered() || !admit(p)) continue;
+        store_.begin_gather(p, {});
+        begun_.push_back(p);
+      }
+    } catch (...) {  // an allocation failed: nothing was issued, the buffers go back where they were allocated
+      for (param_id p : begun_) store_.release(p, {});
+      throw;
+    }
+    if (begun_.empty()) return;
+    store_.streams().order(stream_role::gather, stream_role::compute);
     try {
       grouped(comm_, [&] {
-        for (param_id p : wanted) {
+        for (param_id p : begun_) {
           auto& s = store_[p];
-          if (s.is_gathered() || !admit(p)) continue;
-          void* full = store_.begin_gather(p, {});
           tag.param = p;
-          try {
-            tagged::all_gather(comm_, s.shard.data(), full, s.layout.shard_numel, s.type,
-                               store_.streams().collective_on(stream_role::gather), tag);
-          } catch (...) {
-            // Never issued (or failed part way): back to sharded, the buffer freed on the
-            // gather stream that allocated it, not on compute, which never waited for it.
-            store_.abandon_gather(p, {});
-            throw;
-          }
+          const void* src = store_.gather_source(p, stream_role::gather);  // staged when offloaded
+          tagged::all_gather(comm_, src, s.gathered().data(), s.layout.shard_numel, s.type,
+                             store_.streams().collective_on(stream_role::gather), tag);
           issued_.push_back(p);
         }
       });
     } catch (...) {
-      mark_issued();  // what was gathered before the failure (a budget error, say) stays ordered
+      store_.gathers_issued(stream_role::gather);  // offloaded shards' staged copies (param_store.hpp)
+      // The one that failed and those never issued: back to sharded, freed on the gather stream,
+      // which waited for their allocation and is where any part of the failed collective went.
+      for (std::size_t i = issued_.size(); i < begun_.size(); ++i) store_.abandon_gather(begun_[i], {});
+      mark_issued();  // what was gathered before the failure stays ordered
       throw;
     }
+    store_.gathers_issued(stream_role::gather);
     mark_issued();
   }
 
@@ -225,11 +244,15 @@ class residency {
   // soon, then those the Prefetcher asked for just now, last those under a preferred hold (see
   // the header comment). m's own stay.
   void make_room(module_id m, const std::vector<param_id>& ahead) {
-    const std::size_t budget = cfg_.max_live_numel;
     std::size_t needed = 0;
     for (param_id p : params(m))
       if (!store_[p].is_gathered()) needed += store_[p].layout.padded_numel;
-    const auto& own = params(m);
+    evict_until(needed, params(m), ahead);
+  }
+
+  // make_room's eviction: until `needed` more elements fit under max_live_numel, never `own`.
+  void evict_until(std::size_t needed, std::span<const param_id> own, std::span<const param_id> ahead) {
+    const std::size_t budget = cfg_.max_live_numel;
     for (int pass = 0; pass < 3 && store_.resident_numel() + needed > budget; ++pass) {
       for (std::size_t i = store_.gathered_set().size(); i-- > 0 && store_.resident_numel() + needed > budget;) {
         const param_id p = store_.gathered_set()[i];
@@ -261,7 +284,8 @@ class residency {
   const prefetch_config& cfg_;
   std::vector<entry> entries_;    // per parameter
   std::vector<hold> held_;        // per module: how it is held gathered
-  std::vector<param_id> issued_;  // the gathers of the group being issued
+  std::vector<param_id> begun_;   // the group's parameters whose buffers are allocated
+  std::vector<param_id> issued_;  // those whose gather was issued
   std::size_t hold_evictions_ = 0;
 };
 

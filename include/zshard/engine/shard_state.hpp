@@ -6,8 +6,10 @@
 // loading and the collective full-state calls (engine/full_state.hpp, state/param_access.hpp)
 // are built on these.
 #include <cstddef>
+#include <cstring>
 #include <string>
 
+#include "zshard/core/checked_size.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/state/state_access.hpp"
@@ -27,6 +29,10 @@ class shard_state {
         e.offloader_.read_state(p, f, offset, static_cast<float*>(host_dst), n);
       return;
     }
+    if (const void* h = e.store_.host_shard(p)) {  // offloaded to host memory (param_store.hpp)
+      if (n) std::memcpy(host_dst, static_cast<const char*>(h) + offset * size_of(s.type), n * size_of(s.type));
+      return;
+    }
     auto& compute = e.store_.streams().on(stream_role::compute);
     e.backend_.copy(host_dst, static_cast<const char*>(s.shard.data()) + offset * size_of(s.type),
                     n * size_of(s.type), compute);
@@ -40,6 +46,11 @@ class shard_state {
         e.offloader_.write_state(p, f, offset, static_cast<const float*>(host_src), n);
       return;
     }
+    if (void* h = e.store_.host_shard(p)) {  // offloaded: the next gather uploads it
+      e.store_.quiesce_tier();                // no upload of the old value still reads it
+      if (n) std::memcpy(static_cast<char*>(h) + offset * size_of(s.type), host_src, n * size_of(s.type));
+      return;
+    }
     auto& compute = e.store_.streams().on(stream_role::compute);
     e.backend_.copy(static_cast<char*>(s.shard.data()) + offset * size_of(s.type), host_src, n * size_of(s.type),
                     compute);
@@ -49,7 +60,13 @@ class shard_state {
 
   static void* host_data(Engine& e, param_id p, state_field f) {
     auto& s = slot(e, p, f, 0, 0);
-    if (f == state_field::working) return offload::memory_is_host<backend_type>() ? s.shard.data() : nullptr;
+    if (f == state_field::working) {
+      if (void* h = e.store_.host_shard(p)) {
+        e.store_.quiesce_tier();  // the caller may write it
+        return h;
+      }
+      return offload::memory_is_host<backend_type>() ? s.shard.data() : nullptr;
+    }
     if constexpr (requires { e.offloader_.state_host_data(p, f); })
       return e.offloader_.state_host_data(p, f);
     else
@@ -61,9 +78,10 @@ class shard_state {
     e.check_between_steps("parameter state access");
     e.spec_.check(p, "parameter state access");  // in range and of this engine's model
     auto& s = e.store_[p];
-    ZSHARD_REQUIRE(offset + n <= s.layout.shard_numel, error_kind::usage,
-                   "state access of elements [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
-                       ") of parameter '" + s.spec->name + "' whose shard has " + std::to_string(s.layout.shard_numel));
+    ZSHARD_REQUIRE(range_within(offset, n, s.layout.shard_numel), error_kind::usage,
+                   "state access of " + describe_range(offset, n) + " of parameter '" + s.spec->name +
+                       "' whose shard has " + std::to_string(s.layout.shard_numel),
+                   "offsets and counts are elements of this rank's shard: [0, layout(p).shard_numel)");
     ZSHARD_REQUIRE(f == state_field::working || s.spec->trainable, error_kind::usage,
                    "parameter '" + s.spec->name + "' is frozen: it has no " + std::string(to_string(f)) + " state");
     if constexpr (!state_accessible<offloader_type>)

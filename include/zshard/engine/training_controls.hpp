@@ -9,7 +9,9 @@
 //                                           pass records it, later ones replay it and gather
 //                                           ahead), everything gathered is released, nothing
 //                                           grows from pass to pass. Not collective.
-//   set_trainable(p, on)                    freeze / unfreeze between steps (as requires_grad_)
+//   set_trainable(p, on)                    freeze / unfreeze between steps (as requires_grad_);
+//                                           unfrozen, p trains from its working value as
+//                                           written while it was frozen (load, write_param)
 //   set_gradient_sync(on)                   between micro-batches (engine/grad_sync.hpp)
 //   set_keep_gathered_until_backward(m, on) between steps: m stays gathered from its counted
 //                                           forward to its backward (FSDP's
@@ -18,10 +20,13 @@
 // The last three decide which collectives run, so they are collective: every rank calls them
 // with the same arguments, and the engine checks that the ranks agree (one exchange,
 // rank_agreement::same_arguments) before anything changes.
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "zshard/core/dtype.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/engine/engine_checks.hpp"
 #include "zshard/engine/engine_config.hpp"
@@ -31,6 +36,8 @@
 #include "zshard/model/model_spec.hpp"
 #include "zshard/offload/offloader.hpp"
 #include "zshard/optim/param_groups.hpp"
+#include "zshard/state/state_access.hpp"
+#include "zshard/state/stream_roles.hpp"
 #include "zshard/track/hook_tracker.hpp"
 
 namespace zshard {
@@ -92,18 +99,57 @@ class training_controls {
 
   // A frozen parameter gets no gradient and no update; its optimizer state and update count are
   // kept, and created (master from its value, m = v = 0, count 0) the first time a parameter
-  // frozen from the start is unfrozen.
+  // frozen from the start is unfrozen. Unfreezing, the master follows the working value where it
+  // was written while frozen (master_follows_working).
   static void set_trainable(Engine& e, param_id p, bool trainable) {
     e.check_between_steps("set_trainable()");
     engine_checks::param_id_in_range(e.spec_, p, "set_trainable");
     e.agreement_.same_arguments("set_trainable()", {p, trainable ? 1u : 0u});
     if (e.spec_.param(p).trainable == trainable) return;
-    if constexpr (offloader_with_trainability<typename Engine::offloader_type>)
+    if constexpr (offloader_with_trainability<typename Engine::offloader_type>) {
       e.offloader_.set_trainable(p, trainable);  // first: it may fail (a budget), then nothing changed
-    else
+      if (trainable) {
+        try {
+          master_follows_working(e, p);
+        } catch (...) {
+          e.offloader_.set_trainable(p, false);  // frozen again, as the spec still says
+          throw;
+        }
+      }
+    } else {
       throw error(error_kind::usage, "this engine's Offloader cannot freeze or unfreeze parameters",
                   "give it set_trainable(param_id, bool); see offload/offloader.hpp");
+    }
     e.spec_.set_trainable(p, trainable);
+  }
+
+  // While p was frozen only its working value could be written (write_param, write_shard, a
+  // checkpoint load: a frozen parameter has no master to write), so the master kept from before
+  // the freeze is stale wherever the working value changed. Where the working value is not the
+  // master's rounding to p's dtype, the master becomes the working value widened to f32; elsewhere
+  // it keeps its f32 precision. m, v and the update count stay, as torch.optim keeps a parameter's
+  // state when its value is replaced. One pass over the shard, through host memory, per unfreeze.
+  static void master_follows_working(Engine& e, param_id p) {
+    using O = typename Engine::offloader_type;
+    if constexpr (Engine::backend_type::holds_storage && state_accessible<O>) {
+      const auto& s = e.store_[p];
+      const std::size_t n = s.layout.shard_numel, w = size_of(s.type);
+      std::vector<std::byte> working(n * w), rounded(n * w);
+      std::vector<float> master(n), widened(n);
+      auto& compute = e.store_.streams().on(stream_role::compute);
+      e.backend_.copy(working.data(), s.shard.data(), working.size(), compute);
+      e.backend_.synchronize(compute);
+      e.offloader_.read_state(p, state_field::master, 0, master.data(), n);
+      convert(master.data(), dtype::f32, rounded.data(), s.type, n);
+      convert(working.data(), s.type, widened.data(), dtype::f32, n);
+      bool changed = false;
+      for (std::size_t i = 0; i < n; ++i)
+        if (std::memcmp(working.data() + i * w, rounded.data() + i * w, w) != 0) {
+          master[i] = widened[i];
+          changed = true;
+        }
+      if (changed) e.offloader_.write_state(p, state_field::master, 0, master.data(), n);
+    }
   }
 
   static void set_gradient_sync(Engine& e, bool on) {

@@ -40,11 +40,16 @@
 
 namespace zshard {
 
+// Every member has a default (`{}` included): designated initializers that set only some of
+// them compile without -Wmissing-field-initializers warnings (g++ 12 warns for a member without one).
 struct param_options {
-  std::optional<dtype> type;  // working dtype; unset: the engine config's param_dtype
-  bool trainable = true;      // frozen parameters get no gradient and no optimizer state
-  bool decay = true;          // AdamW weight decay applies (off for biases and norm gains)
-  initializer init{};         // empty: normal(0, 0.02) seeded by the parameter's name
+  std::optional<dtype> type{};  // working dtype; unset: the engine config's param_dtype
+  bool trainable = true;        // frozen parameters get no gradient and no optimizer state
+  bool decay = true;            // AdamW weight decay applies (off for biases and norm gains)
+  initializer init{};           // empty: normal(0, 0.02) seeded by the parameter's name
+  // 2-D only: safetensors files (export, load_pretrained) hold its transpose. For a linear
+  // weight the model keeps as (in, out), to compute x @ W: files then hold torch's (out, in).
+  bool file_transposed = false;
 };
 
 struct param_spec {
@@ -54,6 +59,7 @@ struct param_spec {
   bool trainable;
   bool decay;
   initializer init;
+  bool file_transposed = false;  // param_options::file_transposed
   std::size_t numel() const noexcept { return static_cast<std::size_t>(shape.numel()); }
 };
 
@@ -115,10 +121,13 @@ class model_spec {
                    "give every parameter a non-empty shape");
     ZSHARD_REQUIRE(!param_index_.contains(name), error_kind::config, "parameter '" + name + "' is registered twice",
                    "register each parameter once and list its id in every module that uses it (shared weights)");
+    ZSHARD_REQUIRE(!opt.file_transposed || s.rank() == 2, error_kind::config,
+                   "parameter '" + name + "' has file_transposed set but shape " + s.to_string(),
+                   "file_transposed is for 2-D weights (files hold the transpose); leave it off for this parameter");
     if (!opt.init) opt.init = init::normal(0.0f, 0.02f, hash_name(name));
     ZSHARD_REQUIRE(params_.size() < std::uint32_t(-1), error_kind::config, "too many parameters");
     const param_id id(static_cast<std::uint32_t>(params_.size()), serial_);
-    params_.push_back({name, s, opt.type, opt.trainable, opt.decay, std::move(opt.init)});
+    params_.push_back({name, s, opt.type, opt.trainable, opt.decay, std::move(opt.init), opt.file_transposed});
     param_index_.emplace(name, id);
     return id;
   }

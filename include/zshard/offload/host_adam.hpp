@@ -1,11 +1,16 @@
 #pragma once
 // The host Offloader (ZeRO-Offload): fp32 master parameters, AdamW moments and fp32 gradient
 // shards live in host memory: the backend's page-locked memory and its ledger when it has one
-// (cuda_backend::pinned(); the budget is then the backend's host budget), else the offloader's
-// own ledger "host (offloaded optimizer state)" (host_memory.hpp). The update runs on the CPU
-// with the vectorised multi-threaded AdamW (optim/adamw_dispatch.hpp), and the updated working
-// shards (f32/bf16/f16) go back to the backend, which then holds only working shards, gathered
-// parameters and gradient buckets.
+// (cuda_backend::pinned(); the budget is then the backend's host budget) and
+// offload_config::pin_memory is on, else the offloader's own ledger "host (offloaded optimizer
+// state)" (host_memory.hpp). The update runs on the CPU with the vectorised multi-threaded AdamW
+// (optim/adamw_dispatch.hpp), and the updated working shards (f32/bf16/f16) go back to the
+// backend, which then holds only working shards, gathered parameters and gradient buckets.
+// The tiers beyond (docs/DESIGN.md, "offload tiers"; offload_config): with params = host the
+// working shards of sharded parameters live in the same host memory (param_tier.hpp) and the
+// update writes them there; with optimizer_state = nvme master, m and v live in files and the
+// update runs chunk by chunk as they are read (nvme_state.hpp). The plan of the work (layout,
+// tiles, staging rounds, chunks) is host_layout.hpp.
 //
 // What runs when, and what overlaps:
 //  - During backward, each reduced gradient shard arrives as soon as its bucket is reduced
@@ -51,11 +56,15 @@
 
 #include "zshard/comm/communicator.hpp"
 #include "zshard/core/buffer.hpp"
+#include "zshard/core/checked_size.hpp"
 #include "zshard/core/worker_pool.hpp"
+#include "zshard/offload/host_layout.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/landing_queue.hpp"
+#include "zshard/offload/nvme_state.hpp"
 #include "zshard/offload/offload_config.hpp"
 #include "zshard/offload/offloader.hpp"
+#include "zshard/offload/param_tier.hpp"
 #include "zshard/optim/adamw_dispatch.hpp"
 #include "zshard/optim/grad_clip.hpp"
 #include "zshard/state/state_access.hpp"
@@ -63,41 +72,55 @@
 namespace zshard::offload {
 
 template <class Backend, class Comm>
-class host_adam_impl {
+class host_adam_impl : private host_layout<Backend> {
+  using layout = host_layout<Backend>;
+  using typename layout::param_state;
+  using typename layout::tile;
+  using typename layout::segment;
+  using typename layout::round;
+  using layout::store_, layout::tile_, layout::staging_numel_, layout::nvme_chunk_, layout::params_, layout::tiles_,
+      layout::direct_, layout::staged_, layout::segments_, layout::rounds_, layout::chunk_direct_,
+      layout::chunk_rounds_, layout::by_offset_, layout::total_numel_;
   static constexpr bool holds_storage = Backend::holds_storage;
   static constexpr bool in_place = holds_storage && memory_is_host<Backend>();  // backend memory is host memory
-  using resource_type = host_resource_t<Backend>;
-  struct no_memory {
-    no_memory(const std::string&, std::optional<std::size_t>, bool) noexcept {}
-  };
-  using own_memory_type = std::conditional_t<has_pinned_memory<Backend>, no_memory, host_memory>;
+  // One resource for everything kept on the host: the backend's page-locked memory when it has
+  // some and offload_config::pin_memory says so, else own_memory_ (pageable).
+  using resource_type =
+      std::conditional_t<has_pinned_memory<Backend>, pinned_or_pageable<host_resource_t<Backend>>, host_memory>;
+  using memory_holder = std::conditional_t<has_pinned_memory<Backend>, resource_type, resource_type&>;
 
  public:
   static constexpr bool applies_param_groups = true;  // update_args::groups
   host_adam_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper,
                  const offload_config& oc)
-      : store_(store),
+      : layout(store, optim::round_up_to_granule(oc.host_tile_numel), optim::round_up_to_granule(oc.host_staging_numel),
+               oc.optimizer_state == offload_tier::nvme ? oc.nvme_chunk_numel : 0, holds_storage, in_place),
         comm_(comm),
         hyper_(hyper),
         oc_(validated(oc)),
         own_memory_("host (offloaded optimizer state)", oc_.host_budget_bytes, holds_storage),
         memory_(pick_memory()),
         path_(optim::resolve(oc_.host_path)),
-        tile_(optim::round_up_to_granule(oc_.host_tile_numel)),
-        staging_numel_(optim::round_up_to_granule(oc_.host_staging_numel)),
         landing_(*this, store.backend(), pool_),
         pool_(holds_storage ? oc_.host_threads : 1) {
-    plan();
-    master_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
-    m_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
-    v_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
+    if (oc_.params == offload_tier::host) tier_.emplace(store, memory_);  // parameter offload (param_tier.hpp)
+    layout::plan();
+    tile_stats_.assign(tiles_.size(), grad_stats{});
+    if (nvme_chunk_) {  // master, m, v in files (nvme_state.hpp); m and v start as the file's zeros
+      nvme_.emplace(oc_, "r" + std::to_string(comm.rank()), total_numel_, memory_, holds_storage);
+      steps_before_.resize(params_.size());
+    } else {
+      master_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
+      m_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
+      v_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::optimizer_state);
+    }
     grad_ = buffer<resource_type>(memory_, dtype::f32, total_numel_, mem_category::grad_shards);
     if constexpr (holds_storage && !in_place) {
       staging_ = buffer<resource_type>(memory_, dtype::f32, 2 * staging_numel_, mem_category::scratch);
       landing_.start();
     }
     if constexpr (holds_storage) {
-      if (total_numel_ > 0) {
+      if (total_numel_ > 0 && !nvme_) {
         std::memset(m_.data(), 0, m_.bytes());
         std::memset(v_.data(), 0, v_.bytes());
       }
@@ -112,6 +135,12 @@ class host_adam_impl {
   void init_param(param_id p, const float* values) {
     const auto& ps = trainable_state(p);
     if constexpr (holds_storage) {
+      if (nvme_) {  // to the file through host memory (construction only)
+        std::vector<float> host(ps.numel);
+        store_.backend().copy(host.data(), values, ps.numel * sizeof(float), compute());
+        store_.backend().synchronize(compute());
+        return nvme_->write(0, ps.offset, host.data(), ps.numel);
+      }
       store_.backend().copy(f32(master_) + ps.offset, values, ps.numel * sizeof(float), compute());
       store_.backend().synchronize(compute());
     }
@@ -124,6 +153,7 @@ class host_adam_impl {
                                              std::to_string(n) + " elements, its shard " + std::to_string(ps.numel));
     const bool first = !ps.has_grad;
     ps.has_grad = true;
+    if constexpr (!memory_is_host<Backend>()) moved_.to_host += n * sizeof(float);
     if constexpr (in_place) {
       store_.backend().synchronize(ready_on);  // the CPU reads g: it must be complete
       accumulate_in_place(ps, g, first);
@@ -164,8 +194,10 @@ class host_adam_impl {
     }
     // Each parameter's own step count: a parameter without a gradient this step is skipped (as
     // PyTorch does) unless update_params_without_grad, and its count stays.
+    for (param_id p = 0; p < steps_before_.size(); ++p) steps_before_[p] = params_[p].steps;  // NVMe: a failed step
     for (param_id p = 0; p < params_.size(); ++p) {
       auto& ps = params_[p];
+      if (ps.trainable && !layout::writes_host(p)) moved_.to_device += ps.numel * size_of(store_[p].type);  // staged up
       ps.skip = ps.trainable && !ps.has_grad && !hyper_.update_params_without_grad;
       if (!ps.trainable || ps.skip) continue;
       ++ps.steps;
@@ -176,10 +208,15 @@ class host_adam_impl {
     if constexpr (holds_storage) {
       for (const auto& ps : params_)  // with update_params_without_grad: AdamW decays and moves with a zero gradient
         if (ps.trainable && !ps.has_grad) std::memset(f32(grad_) + ps.offset, 0, ps.numel * sizeof(float));
-      if constexpr (in_place)
-        update_in_place();
-      else
-        update_through_staging();
+      if (tier_) tier_->quiesce();  // uploads of the old shards done before the CPU writes them
+      if (nvme_) {
+        update_chunks();
+      } else {
+        update_direct(0, direct_.size(), in_memory());
+        if constexpr (!in_place) update_through_staging(0, rounds_.size(), in_memory());
+      }
+    } else if (nvme_) {  // accounting only: the tier counts what a step reads and writes
+      nvme_->update([](std::size_t, const chunk_view&) {}, [](std::size_t, const chunk_view&) {});
     }
     clear_grads();
   }
@@ -210,7 +247,8 @@ class host_adam_impl {
 
   const memory_ledger& state_ledger() const noexcept { return memory_.ledger(); }
 
-  // The fp32 master shard of p on the host (empty for parameters without state and phantom backends).
+  // The fp32 master shard of p on the host (empty for parameters without state, phantom backends
+  // and state on NVMe: read_state reads it there).
   std::span<const float> master(param_id p) const noexcept {
     const auto& ps = params_[p];
     if (!ps.has_state || master_.data() == nullptr) return {};
@@ -250,67 +288,62 @@ class host_adam_impl {
   void set_trainable(param_id p, bool trainable) {
     drain();
     auto& ps = params_.at(p);
+    ZSHARD_REQUIRE(!(trainable && !ps.has_state && nvme_), error_kind::usage,
+                   "parameter '" + store_[p].spec->name + "' never trained: its optimizer state has no room in the "
+                       "NVMe state files, which were sized at construction",
+                   "construct the engine with the parameter trainable (then freeze it before the first step)");
     if (trainable && !ps.has_state) add_state(p);
     ps.trainable = trainable;
-    plan_tiles();
+    layout::plan_tiles();
+    tile_stats_.assign(tiles_.size(), grad_stats{});
   }
   // State access (state/state_access.hpp): straight from and into the host arrays, no device
   // round trip. Waits for the pool first (a gradient still being accumulated).
   void read_state(param_id p, state_field f, std::size_t offset, float* dst, std::size_t n) {
     pool_.wait();
     const float* src = field(p, f, offset, n);
+    if (nvme_) return nvme_->read(field_index(f), params_[p].offset + offset, dst, n);
     if (n && src) std::memcpy(dst, src, n * sizeof(float));
   }
-  // p's field in the host arrays (null on a phantom backend).
+  // p's field in the host arrays (null on a phantom backend, and for state on NVMe).
   float* state_host_data(param_id p, state_field f) {
     pool_.wait();
-    return field(p, f, 0, 0);
+    float* data = field(p, f, 0, 0);
+    return nvme_ ? nullptr : data;
   }
   void write_state(param_id p, state_field f, std::size_t offset, const float* src, std::size_t n) {
     pool_.wait();
     float* dst = field(p, f, offset, n);
+    if (nvme_) return nvme_->write(field_index(f), params_[p].offset + offset, src, n);
     if (n && dst) std::memcpy(dst, src, n * sizeof(float));
   }
+  // The NVMe tier (offload_config::optimizer_state = nvme), else null: its files' ledger, its file.
+  const nvme_state<resource_type>* nvme() const noexcept { return nvme_ ? &*nvme_ : nullptr; }
   const offload_config& config() const noexcept { return oc_; }
+  // Bytes of offloaded parameter shards uploaded for gathers so far (0 without parameter offload).
+  std::uint64_t uploaded_bytes() const noexcept { return tier_ ? tier_->uploaded_bytes() : 0; }
+  // Bytes moved between tiers so far (offload_config.hpp), as the planner counts them per step
+  // (memory_plan::moved); on a backend without storage, what a device run would move.
+  tier_traffic traffic() const noexcept {
+    tier_traffic t = moved_;
+    t.to_device += uploaded_bytes();
+    if (nvme_) {
+      t.disk_read = nvme_->step_bytes_read();
+      t.disk_written = nvme_->step_bytes_written();
+    }
+    return t;
+  }
   optim::simd_path path() const noexcept { return path_; }
   int threads() const noexcept { return pool_.size(); }
 
  private:
   friend class landing_queue<Backend, host_adam_impl>;
 
-  struct param_state {
-    bool trainable = false;      // updated by update(); has tiles
-    bool has_state = false;      // has master, m, v, grad in the flat arrays (trainable now or before)
-    bool has_grad = false;       // a gradient arrived since the last update/discard; else it is zero
-    bool skip = false;           // this update leaves it alone (no gradient)
-    std::int64_t steps = 0;      // updates applied to it (its AdamW bias correction)
-    optim::adamw_step own_step{};  // when steps differs from the engine's step
-    std::size_t offset = 0;      // first element in the flat host arrays (a multiple of 32)
-    std::size_t numel = 0;       // shard elements
-    std::size_t first_tile = 0;  // tiles_[first_tile, first_tile + tile_count)
-    std::size_t tile_count = 0;
-  };
-  struct tile {
-    param_id p;
-    std::size_t offset;  // in the flat host arrays
-    std::size_t local;   // in p's shard
-    std::size_t len;
-    std::size_t staging_byte;  // where its working values go in a staging half (device backends)
-  };
-  // A round of the device path: tiles updated into one staging half, then copied out as one
-  // segment per parameter.
-  struct segment {
-    param_id p;
-    std::size_t local, len, staging_byte;
-  };
-  struct round {
-    std::size_t tile_begin, tile_end, segment_begin, segment_end;
-  };
   static float* f32(const buffer<resource_type>& b) noexcept { return b.template as<float>(); }
 
-  resource_type& pick_memory() noexcept {
+  memory_holder pick_memory() noexcept {
     if constexpr (has_pinned_memory<Backend>)
-      return store_.backend().pinned();
+      return resource_type(oc_.pin_memory ? &store_.backend().pinned() : nullptr, own_memory_);
     else
       return own_memory_;
   }
@@ -325,55 +358,20 @@ class host_adam_impl {
     ZSHARD_REQUIRE(p < params_.size() && params_[p].has_state, error_kind::usage,
                    "parameter #" + std::to_string(p) + " has no optimizer state (frozen or out of range)");
     const param_state& ps = params_[p];
-    ZSHARD_REQUIRE(f != state_field::working && offset + n <= ps.numel, error_kind::usage,
-                   "state access of " + std::string(to_string(f)) + " elements [" + std::to_string(offset) + ", " +
-                       std::to_string(offset + n) + ") of a shard of " + std::to_string(ps.numel));
+    ZSHARD_REQUIRE(f != state_field::working && range_within(offset, n, ps.numel), error_kind::usage,
+                   "state access of " + std::string(to_string(f)) + ": " + describe_range(offset, n) +
+                       " of a shard of " + std::to_string(ps.numel));
     const auto& b = f == state_field::master ? master_ : f == state_field::m ? m_ : v_;
     return b.data() ? f32(b) + ps.offset + offset : nullptr;
   }
+
+  static int field_index(state_field f) noexcept { return f == state_field::master ? 0 : f == state_field::m ? 1 : 2; }
 
   param_state& trainable_state(param_id p) {
     if (p >= params_.size() || !params_[p].trainable)
       throw error(error_kind::usage, "host_adam: parameter #" + std::to_string(p) + " is not a trainable parameter",
                   "frozen parameters have no optimizer state and receive no gradient");
     return params_[p];
-  }
-
-  // Flat layout, tiles and the device path's rounds; everything later steps need, so that no
-  // step allocates.
-  void plan() {
-    params_.resize(store_.size());
-    for (param_id p = 0; p < store_.size(); ++p) {
-      const auto& slot = store_[p];
-      if (!slot.spec->trainable) continue;
-      auto& ps = params_[p];
-      ps.trainable = ps.has_state = true;
-      ps.offset = total_numel_;
-      ps.numel = slot.layout.shard_numel;
-      total_numel_ += optim::round_up_to_granule(ps.numel);
-      by_offset_.push_back(p);
-    }
-    plan_tiles();
-  }
-
-  // Tiles of the trainable parameters in flat-array order, and the device path's rounds (again
-  // after set_trainable, between steps: no chunk is in flight then).
-  void plan_tiles() {
-    tiles_.clear();
-    segments_.clear();
-    rounds_.clear();
-    if constexpr (holds_storage) {  // accounting only: no work is ever split
-      for (param_id p : by_offset_) {
-        auto& ps = params_[p];
-        ps.first_tile = tiles_.size();
-        if (ps.trainable)
-          for (std::size_t b = 0; b < ps.numel; b += tile_)
-            tiles_.push_back({p, ps.offset + b, b, std::min(tile_, ps.numel - b), 0});
-        ps.tile_count = tiles_.size() - ps.first_tile;
-      }
-    }
-    tile_stats_.assign(tiles_.size(), grad_stats{});
-    if constexpr (holds_storage && !in_place) plan_rounds();
   }
 
   // Appends p's state to the flat arrays (see the header comment); its master comes from the
@@ -397,39 +395,16 @@ class host_adam_impl {
     if constexpr (holds_storage) {
       Backend& b = store_.backend();
       const auto& slot = store_[p];
-      buffer<Backend> staging(b, dtype::f32, n, mem_category::scratch, compute());
-      b.convert(slot.shard.data(), slot.type, staging.data(), dtype::f32, n, compute());
-      b.copy(f32(master_) + offset, staging.data(), n * sizeof(float), compute());
-      b.synchronize(compute());
-    }
-    auto& ps = params_[p];
-    ps.has_state = true;
-    ps.offset = offset;
-    ps.numel = n;
-    ps.steps = 0;
-    total_numel_ = total;
-    by_offset_.push_back(p);
-  }
-
-  void plan_rounds() {
-    for (std::size_t i = 0; i < tiles_.size();) {
-      round r{i, i, segments_.size(), segments_.size()};
-      const std::size_t base = tiles_[i].offset;
-      while (r.tile_end < tiles_.size() &&
-             tiles_[r.tile_end].offset + tiles_[r.tile_end].len - base <= staging_numel_) {
-        tile& t = tiles_[r.tile_end];
-        const std::size_t w = size_of(store_[t.p].type);
-        if (r.segment_end == r.segment_begin || segments_.back().p != t.p)
-          segments_.push_back({t.p, t.local, 0, (t.offset - base) * sizeof(float)});
-        segment& s = segments_.back();
-        t.staging_byte = s.staging_byte + (t.local - s.local) * w;  // working values of a segment are contiguous
-        s.len += t.len;
-        r.segment_end = segments_.size();
-        ++r.tile_end;
+      if (const void* host = store_.host_shard(p)) {  // offloaded: already in host memory
+        zshard::convert(host, slot.type, f32(master_) + offset, dtype::f32, n);
+      } else {
+        buffer<Backend> staging(b, dtype::f32, n, mem_category::scratch, compute());
+        b.convert(slot.shard.data(), slot.type, staging.data(), dtype::f32, n, compute());
+        b.copy(f32(master_) + offset, staging.data(), n * sizeof(float), compute());
+        b.synchronize(compute());
       }
-      rounds_.push_back(r);
-      i = r.tile_end;
     }
+    layout::append(p);
   }
 
   // dst (+)= src over one tile, then the tile's sum of squares and Inf/NaN flag while it is in cache.
@@ -498,36 +473,65 @@ class host_adam_impl {
     return steps_[groups_ ? groups_->slot(p, decay) : (decay ? 1 : 0)];
   }
 
-  void update_tile(const tile& t, void* out) noexcept {
-    if (params_[t.p].skip) {  // unchanged: the working value is the master's, rounded (written for the staging path)
-      zshard::convert(f32(master_) + t.offset, dtype::f32, out, store_[t.p].type, t.len);
+  // The state a tile reads: the flat arrays, or the chunk of them in an NVMe chunk buffer.
+  chunk_view in_memory() const noexcept { return {f32(master_), f32(m_), f32(v_), 0}; }
+
+  void update_tile(const tile& t, void* out, const chunk_view& s) noexcept {
+    const std::size_t at = t.offset - s.first;
+    // Unchanged (or rolled back after a failed NVMe step): the working value is the master's,
+    // rounded (written for the staging path).
+    if (params_[t.p].skip || restoring_) {
+      zshard::convert(s.master + at, dtype::f32, out, store_[t.p].type, t.len);
       return;
     }
-    optim::adamw_update_on(path_, step_for(t.p), f32(master_) + t.offset, f32(m_) + t.offset, f32(v_) + t.offset,
-                           f32(grad_) + t.offset, t.len, out, store_[t.p].type);
+    optim::adamw_update_on(path_, step_for(t.p), s.master + at, s.m + at, s.v + at, f32(grad_) + t.offset, t.len, out,
+                           store_[t.p].type);
   }
 
-  // Host memory: the working copy is written straight into the backend's shard.
-  void update_in_place() {
+  void* working_shard(param_id p) const noexcept {
+    return store_.offloaded(p) ? store_.host_shard(p) : store_[p].shard.data();
+  }
+
+  // Host memory: the working copy is written straight into the shard. Tiles direct_[begin, end).
+  void update_direct(std::size_t begin, std::size_t end, const chunk_view& s) {
     auto body = [&](std::size_t i) {
-      const tile& t = tiles_[i];
-      const auto& slot = store_[t.p];
-      update_tile(t, static_cast<char*>(slot.shard.data()) + t.local * size_of(slot.type));
+      const tile& t = tiles_[direct_[begin + i]];
+      update_tile(t, static_cast<char*>(working_shard(t.p)) + t.local * size_of(store_[t.p].type), s);
     };
-    pool_.run(tiles_.size(), body);
+    pool_.run(end - begin, body);
+  }
+
+  // NVMe: chunk by chunk as nvme_state reads them; a failed step is rolled back there (working
+  // values) and here (update counts), and the gradients stay for discard_grads().
+  void update_chunks() {
+    auto run = [&](std::size_t k, const chunk_view& s) {
+      update_direct(chunk_direct_[k], chunk_direct_[k + 1], s);
+      if constexpr (!in_place) update_through_staging(chunk_rounds_[k], chunk_rounds_[k + 1], s);
+    };
+    try {
+      nvme_->update(run, [&](std::size_t k, const chunk_view& s) {
+        restoring_ = true;
+        run(k, s);
+        restoring_ = false;
+      });
+    } catch (...) {
+      restoring_ = false;
+      for (param_id p = 0; p < params_.size(); ++p) params_[p].steps = steps_before_[p];
+      throw;
+    }
   }
 
   // Device memory: round r is updated into staging half r % 2 while round r - 1's copies to
   // the device run; before issuing round r's copies, wait for round r - 1's, which frees the
   // half that round r + 1 writes.
-  void update_through_staging() {
+  void update_through_staging(std::size_t first, std::size_t last, const chunk_view& s) {
     Backend& b = store_.backend();
-    for (std::size_t r = 0; r < rounds_.size(); ++r) {
+    for (std::size_t r = first; r < last; ++r) {
       const round& rd = rounds_[r];
       char* half = reinterpret_cast<char*>(f32(staging_) + (r % 2) * staging_numel_);
       auto body = [&](std::size_t k) {
-        const tile& t = tiles_[rd.tile_begin + k];
-        update_tile(t, half + t.staging_byte);
+        const tile& t = tiles_[staged_[rd.tile_begin + k]];
+        update_tile(t, half + t.staging_byte, s);
       };
       pool_.run(rd.tile_end - rd.tile_begin, body);
       b.synchronize(compute());
@@ -548,25 +552,22 @@ class host_adam_impl {
   // Init, update and gradient statistics run on the compute stream (see offloader.hpp).
   typename Backend::stream& compute() noexcept { return store_.streams().on(stream_role::compute); }
 
-  param_store<Backend>& store_;
   Comm& comm_;
   const optim::adamw_config hyper_;
   const offload_config oc_;
-  own_memory_type own_memory_;  // unused when the backend has pinned memory
-  resource_type& memory_;
+  host_memory own_memory_;  // unused when the state is in the backend's page-locked memory
+  memory_holder memory_;
   const optim::simd_path path_;
-  const std::size_t tile_, staging_numel_;
-  std::vector<param_state> params_;
-  std::vector<tile> tiles_;
   std::vector<grad_stats> tile_stats_;  // per tile, of the accumulated gradient
-  std::vector<segment> segments_;
-  std::vector<round> rounds_;
-  std::size_t total_numel_ = 0;
   std::vector<optim::adamw_step> steps_;  // [decay], or per (group, decay) slot with groups_
   const optim::param_groups* groups_ = nullptr;  // of the update running
-  std::vector<param_id> by_offset_;  // parameters with state, in flat-array order
   std::int64_t step_now_ = 0;     // the engine's step of the update running
   buffer<resource_type> master_, m_, v_, grad_, staging_;
+  std::optional<param_tier<Backend, resource_type>> tier_;  // offloaded parameter shards (offload_config::params)
+  std::optional<nvme_state<resource_type>> nvme_;          // master, m, v in files (offload_config::optimizer_state)
+  std::vector<std::int64_t> steps_before_;                 // NVMe: update counts before the step, for a rollback
+  tier_traffic moved_{};  // gradients down, working values up (uploads: tier_, disk: nvme_)
+  bool restoring_ = false;                                 // NVMe: update_tile rounds masters only (rollback)
   landing_queue<Backend, host_adam_impl> landing_;  // the device path's copies to the host in flight
   worker_pool pool_;  // last: joined before anything its jobs touch is destroyed
 };

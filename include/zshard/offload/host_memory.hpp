@@ -25,6 +25,9 @@ namespace zshard::offload {
 class host_memory {
  public:
   static constexpr std::size_t alignment = 64;
+  // Blocks of a page or more start on a page: what O_DIRECT file I/O into them needs (the NVMe
+  // tier's chunk buffers), as page-locked memory does.
+  static constexpr std::size_t page = 4096;
 
   // holds_storage false: charges the ledger and hands out null pointers.
   host_memory(std::string name, std::optional<std::size_t> budget_bytes, bool holds_storage)
@@ -39,7 +42,8 @@ class host_memory {
     if (bytes == 0) return nullptr;
     ledger_.charge(c, bytes);  // throws before anything is allocated
     if (!holds_storage_) return nullptr;
-    void* p = std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+    const std::size_t align = bytes >= page ? page : alignment;
+    void* p = std::aligned_alloc(align, (bytes + align - 1) / align * align);
     if (!p) {
       ledger_.release(c, bytes);
       throw error(error_kind::backend,
@@ -66,6 +70,31 @@ concept has_pinned_memory = requires(B& b, std::size_t bytes, mem_category c, vo
   { b.pinned().allocate(bytes, c) } -> std::same_as<void*>;
   b.pinned().deallocate(p, bytes, c);
   { b.pinned().ledger() } -> std::same_as<memory_ledger&>;
+};
+
+// A backend's page-locked memory or pageable host memory, chosen at construction
+// (offload_config::pin_memory): the host Offloader's one resource, so that everything it keeps
+// is in one ledger whichever it is.
+template <class Pinned>
+class pinned_or_pageable {
+ public:
+  pinned_or_pageable(Pinned* pinned, host_memory& pageable) noexcept : pinned_(pinned), pageable_(pageable) {}
+  void* allocate(std::size_t bytes, mem_category c) {
+    return pinned_ ? pinned_->allocate(bytes, c) : pageable_.allocate(bytes, c);
+  }
+  void deallocate(void* p, std::size_t bytes, mem_category c) noexcept {
+    if (pinned_)
+      pinned_->deallocate(p, bytes, c);
+    else
+      pageable_.deallocate(p, bytes, c);
+  }
+  memory_ledger& ledger() noexcept { return pinned_ ? pinned_->ledger() : pageable_.ledger(); }
+  const memory_ledger& ledger() const noexcept { return pinned_ ? pinned_->ledger() : pageable_.ledger(); }
+  bool pinned() const noexcept { return pinned_ != nullptr; }
+
+ private:
+  Pinned* pinned_;
+  host_memory& pageable_;
 };
 
 // The resource an Offloader on Backend keeps host state in.

@@ -49,7 +49,9 @@ struct update_args {
 //   set_trainable(p, bool)              a parameter is frozen or unfrozen between steps: its
 //                                       state (and update count) is kept when frozen; created
 //                                       when first unfrozen (master from the working shard,
-//                                       m = v = 0, update count 0)
+//                                       m = v = 0, update count 0). On unfreezing, the engine
+//                                       then sets the master where the working value was
+//                                       written while frozen (through read_state/write_state)
 //   read_grad(p, float* host)           p's accumulated gradient shard (shard_numel f32) into
 //                                       host memory, complete on return (zeros when none arrived)
 // An Offloader applies update_args::groups (per-group learning rate and weight decay) when it

@@ -7,9 +7,12 @@
 // for the next unfreeze.
 #include <cmath>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "zshard/backend/backend.hpp"
 #include "zshard/comm/communicator.hpp"
+#include "zshard/core/checked_size.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/offloader.hpp"
 #include "zshard/optim/grad_clip.hpp"
@@ -21,9 +24,17 @@ template <class Backend, class Comm>
 class on_device_impl {
  public:
   static constexpr bool applies_param_groups = true;  // update_args::groups
-  // offload_config tunes the host Offloader only: nothing of it applies on the device.
-  on_device_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper, const offload_config&)
+  // offload_config tunes the host Offloader only: nothing of it applies on the device, and the
+  // tiers it names beyond the device are refused by name.
+  on_device_impl(param_store<Backend>& store, Comm& comm, const optim::adamw_config& hyper, const offload_config& oc)
       : store_(store), comm_(comm), hyper_(hyper) {
+    ZSHARD_REQUIRE(oc.params == offload_tier::device, error_kind::config,
+                   "offload_config.params = " + std::string(to_string(oc.params)) +
+                       " with offload::on_device, which updates working shards on the device",
+                   "use offload::host_adam, which keeps parameter shards in host memory and updates them there");
+    ZSHARD_REQUIRE(oc.optimizer_state != offload_tier::nvme, error_kind::config,
+                   "offload_config.optimizer_state = nvme with offload::on_device, which keeps it on the device",
+                   "use offload::host_adam for optimizer state on NVMe");
     state_.resize(store.size());
     for (param_id p = 0; p < store.size(); ++p)
       if (store[p].spec->trainable) create_state(p);
@@ -56,9 +67,19 @@ class on_device_impl {
       // doubles, as pairs of f32 words: the buffer only carries bytes
       buffer<Backend> slots(b, dtype::f32, 2 * counted_.size(), mem_category::scratch, compute());
       double* dev = slots.template as<double>();
-      for (std::size_t i = 0; i < counted_.size(); ++i) {
-        const auto& g = state_[counted_[i]].grad;
-        b.sum_squares_into(g.template as<float>(), g.numel(), dev + i, compute());
+      if constexpr (batched_sum_squares<Backend>) {  // one launch for many gradients
+        grad_ptrs_.clear();
+        grad_sizes_.clear();
+        for (param_id p : counted_) {
+          grad_ptrs_.push_back(state_[p].grad.template as<float>());
+          grad_sizes_.push_back(state_[p].grad.numel());
+        }
+        b.sum_squares_batch(grad_ptrs_, grad_sizes_, dev, compute());
+      } else {
+        for (std::size_t i = 0; i < counted_.size(); ++i) {
+          const auto& g = state_[counted_[i]].grad;
+          b.sum_squares_into(g.template as<float>(), g.numel(), dev + i, compute());
+        }
       }
       sums_.resize(counted_.size());
       b.copy(sums_.data(), dev, sums_.size() * sizeof(double), compute());
@@ -73,10 +94,13 @@ class on_device_impl {
     return total;
   }
 
+  // A backend with adamw_batch (CUDA) gets one launch per two dozen parameters, the gradients
+  // zeroed in the same pass; otherwise one adamw and one fill_zero per parameter.
   void update(const update_args& a) {
     Backend& b = store_.backend();
     optim::adamw_config hyper = hyper_;
     hyper.lr = a.lr;
+    tasks_.clear();
     for (param_id p = 0; p < store_.size(); ++p) {
       auto& st = state_[p];
       if (!st.trainable) continue;  // frozen (its state, if any, kept as it is)
@@ -88,10 +112,17 @@ class on_device_impl {
       ++st.steps;
       const auto step = a.groups ? a.groups->step_for(p, slot.spec->decay, hyper, st.steps, a.grad_scale)
                                  : optim::make_adamw_step(hyper, st.steps, a.grad_scale, slot.spec->decay);
-      b.adamw(step, st.master.template as<float>(), st.m.template as<float>(), st.v.template as<float>(),
-              st.grad.template as<float>(), st.grad.numel(), slot.shard.data(), slot.type, compute());
-      b.fill_zero(st.grad.data(), st.grad.bytes(), compute());
+      if constexpr (batched_adamw<Backend>) {
+        tasks_.push_back({step, st.master.template as<float>(), st.m.template as<float>(), st.v.template as<float>(),
+                          st.grad.template as<float>(), st.grad.numel(), slot.shard.data(), slot.type});
+      } else {
+        b.adamw(step, st.master.template as<float>(), st.m.template as<float>(), st.v.template as<float>(),
+                st.grad.template as<float>(), st.grad.numel(), slot.shard.data(), slot.type, compute());
+        b.fill_zero(st.grad.data(), st.grad.bytes(), compute());
+      }
     }
+    if constexpr (batched_adamw<Backend>)
+      if (!tasks_.empty()) b.adamw_batch(tasks_, /*zero_grad=*/true, compute());
   }
 
   // Each parameter's own update count (its AdamW bias correction), by param_id: a parameter
@@ -223,9 +254,9 @@ class on_device_impl {
                    "parameter #" + std::to_string(p) + " has no optimizer state (frozen or out of range)");
     const auto& st = state_[p];
     const buffer<Backend>& b = f == state_field::master ? st.master : f == state_field::m ? st.m : st.v;
-    ZSHARD_REQUIRE(f != state_field::working && offset + n <= b.numel(), error_kind::usage,
-                   "state access of " + std::string(to_string(f)) + " elements [" + std::to_string(offset) + ", " +
-                       std::to_string(offset + n) + ") of a shard of " + std::to_string(b.numel()));
+    ZSHARD_REQUIRE(f != state_field::working && range_within(offset, n, b.numel()), error_kind::usage,
+                   "state access of " + std::string(to_string(f)) + ": " + describe_range(offset, n) +
+                       " of a shard of " + std::to_string(b.numel()));
     return b;
   }
 
@@ -235,6 +266,9 @@ class on_device_impl {
   std::vector<param_state> state_;
   std::vector<param_id> counted_;  // local_grad_stats: kept between steps, so no step allocates
   std::vector<double> sums_;
+  std::vector<const float*> grad_ptrs_;  // batched sums of squares
+  std::vector<std::size_t> grad_sizes_;
+  std::vector<adamw_task> tasks_;  // batched AdamW
   std::vector<float> host_;  // one gradient shard, for the L1 / L-inf norms
 };
 

@@ -73,6 +73,42 @@ ZSHARD_AVX2_INLINE void store(W* out, __m256 p) {
   else if constexpr (std::is_same_v<W, f16>) _mm_storeu_si128(reinterpret_cast<__m128i*>(out), to_f16_bits(p));
 }
 
+// Lanes [0, n) set (a tail of n < 8 elements): the mask AVX's masked loads and stores take.
+ZSHARD_AVX2_INLINE __m256i first_lanes(std::size_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// The first n < 8 lanes of p as W (16-bit types through a small buffer: AVX2 has no 16-bit
+// masked store).
+template <class W>
+ZSHARD_AVX2_INLINE void store_first(W* out, std::size_t n, __m256 p) {
+  if constexpr (std::is_same_v<W, float>) {
+    _mm256_maskstore_ps(out, first_lanes(n), p);
+  } else {
+    alignas(16) W bits[8];
+    store(bits, p);
+    for (std::size_t j = 0; j < n; ++j) out[j] = bits[j];
+  }
+}
+
+// The last n < 8 elements through update() on masked lanes (the others load zeros and are not
+// stored): an element gets the same bits in the tail as in a full vector, whatever flags the
+// program is built with (see adamw_avx512.hpp's update_tail). Returns the master lanes.
+ZSHARD_AVX2_INLINE __m256 update_tail(const lanes& k, float* master, float* m, float* v, const float* grad,
+                                      std::size_t n) {
+  const __m256i mask = first_lanes(n);
+  alignas(32) float p[8], mo[8], va[8], g[8];
+  _mm256_store_ps(p, _mm256_maskload_ps(master, mask));
+  _mm256_store_ps(mo, _mm256_maskload_ps(m, mask));
+  _mm256_store_ps(va, _mm256_maskload_ps(v, mask));
+  _mm256_store_ps(g, _mm256_maskload_ps(grad, mask));
+  const __m256 out = update(k, p, mo, va, g);
+  _mm256_maskstore_ps(m, mask, _mm256_load_ps(mo));
+  _mm256_maskstore_ps(v, mask, _mm256_load_ps(va));
+  _mm256_maskstore_ps(master, mask, out);
+  return out;
+}
+
 // adamw_update_scalar's contract on 8 lanes: W is float, bf16, f16, or void (no write-back).
 template <class W>
 ZSHARD_AVX2 void adamw_update(const adamw_step& s, float* master, float* m, float* v, const float* grad,
@@ -83,7 +119,10 @@ ZSHARD_AVX2 void adamw_update(const adamw_step& s, float* master, float* m, floa
     const __m256 p = update(k, master + i, m + i, v + i, grad + i);
     if constexpr (!std::is_void_v<W>) store(out + i, p);
   }
-  if (i < n) simd::adamw_tail(s, master + i, m + i, v + i, grad + i, n - i, simd::advance(out, i));
+  if (i < n) {
+    const __m256 p = update_tail(k, master + i, m + i, v + i, grad + i, n - i);
+    if constexpr (!std::is_void_v<W>) store_first(out + i, n - i, p);
+  }
 }
 
 // f32 -> W over n elements (the unfused cast pass).
@@ -91,7 +130,7 @@ template <class W>
 ZSHARD_AVX2 void convert(const float* src, W* dst, std::size_t n) noexcept {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) store(dst + i, _mm256_loadu_ps(src + i));
-  simd::convert_tail(src + i, dst + i, n - i);
+  if (i < n) store_first(dst + i, n - i, _mm256_maskload_ps(src + i, first_lanes(n - i)));
 }
 
 }  // namespace zshard::optim::avx2

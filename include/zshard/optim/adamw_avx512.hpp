@@ -91,6 +91,15 @@ ZSHARD_AVX512_INLINE void store(W* out, __m512 p) {
   else if constexpr (std::is_same_v<W, f16>) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), to_f16_bits(p));
 }
 
+// The first lanes of `mask` only (a tail): masked-off lanes are neither read nor written.
+template <class W>
+ZSHARD_AVX512_INLINE void store_masked(W* out, __mmask16 mask, __m512 p) {
+  if constexpr (std::is_same_v<W, float>) _mm512_mask_storeu_ps(out, mask, p);
+  else if constexpr (std::is_same_v<W, bf16>) _mm256_mask_storeu_epi16(out, mask, to_bf16_bits(p));
+  else if constexpr (std::is_same_v<W, f16>) _mm256_mask_storeu_epi16(out, mask, to_f16_bits(p));
+}
+ZSHARD_AVX512_INLINE __mmask16 first_lanes(std::size_t n) { return __mmask16((1u << n) - 1u); }
+
 // One vector of the update from loaded values, in the reference's operation order
 // (adamw.hpp): updates m, v and the master in place (registers).
 ZSHARD_AVX512_INLINE void update(const lanes& k, __m512& master, __m512& m, __m512& v, __m512 grad) {
@@ -99,6 +108,24 @@ ZSHARD_AVX512_INLINE void update(const lanes& k, __m512& master, __m512& m, __m5
   v = _mm512_add_ps(rounded(_mm512_mul_ps(k.b2, v)), rounded(_mm512_mul_ps(_mm512_mul_ps(k.one_minus_b2, g), g)));
   const __m512 denom = _mm512_add_ps(div_by_sqrt_bc2(k, _mm512_sqrt_ps(v)), k.eps);
   master = _mm512_sub_ps(rounded(_mm512_mul_ps(master, k.decay)), _mm512_div_ps(_mm512_mul_ps(k.step_size, m), denom));
+}
+
+// The last n < 16 elements, through update() on masked lanes (the others load zeros, which
+// update() handles without a NaN, and are not stored). So an element gets the same bits
+// whether it falls in a full vector or in the tail, whatever the flags the program is built
+// with: a scalar tail compiled with FMA (-march=native) rounds differently, and then where a
+// shard ends would decide an element's bits, and training would depend on the world size.
+// Returns the updated master lanes, for the caller to store the working copy's first n.
+ZSHARD_AVX512_INLINE __m512 update_tail(const lanes& k, float* master, float* m, float* v, const float* grad,
+                                        std::size_t n) {
+  const __mmask16 mask = first_lanes(n);
+  __m512 p = _mm512_maskz_loadu_ps(mask, master), mo = _mm512_maskz_loadu_ps(mask, m),
+         va = _mm512_maskz_loadu_ps(mask, v);
+  update(k, p, mo, va, _mm512_maskz_loadu_ps(mask, grad));
+  _mm512_mask_storeu_ps(m, mask, mo);
+  _mm512_mask_storeu_ps(v, mask, va);
+  _mm512_mask_storeu_ps(master, mask, p);
+  return p;
 }
 
 // `span` vectors per iteration, software-pipelined by hand: every load of the group is issued
@@ -167,7 +194,10 @@ ZSHARD_AVX512 void adamw_update(const adamw_step& s, float* master, float* m, fl
     _mm512_storeu_ps(master + i, p);
     if constexpr (!std::is_void_v<W>) store(out + i, p);
   }
-  if (i < n) simd::adamw_tail(s, master + i, m + i, v + i, grad + i, n - i, simd::advance(out, i));
+  if (i < n) {
+    const __m512 p = update_tail(k, master + i, m + i, v + i, grad + i, n - i);
+    if constexpr (!std::is_void_v<W>) store_masked(out + i, first_lanes(n - i), p);
+  }
 }
 
 // The same with a bf16 working copy through VCVTNEPS2BF16 (avx512_bf16 CPUs only).
@@ -196,7 +226,10 @@ ZSHARD_AVX512_BF16 inline void adamw_update_bf16_native(const adamw_step& s, flo
     _mm512_storeu_ps(master + i, p);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_bits_native(p));
   }
-  if (i < n) simd::adamw_tail(s, master + i, m + i, v + i, grad + i, n - i, out + i);
+  if (i < n) {
+    const __m512 p = update_tail(k, master + i, m + i, v + i, grad + i, n - i);
+    _mm256_mask_storeu_epi16(out + i, first_lanes(n - i), to_bf16_bits_native(p));
+  }
 }
 
 // f32 -> W over n elements, rounding as the fused kernels do (the unfused cast pass).
@@ -204,14 +237,17 @@ template <class W>
 ZSHARD_AVX512 void convert(const float* src, W* dst, std::size_t n) noexcept {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) store(dst + i, _mm512_loadu_ps(src + i));
-  simd::convert_tail(src + i, dst + i, n - i);
+  if (i < n) store_masked(dst + i, first_lanes(n - i), _mm512_maskz_loadu_ps(first_lanes(n - i), src + i));
 }
 
 ZSHARD_AVX512_BF16 inline void convert_bf16_native(const float* src, bf16* dst, std::size_t n) noexcept {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), to_bf16_bits_native(_mm512_loadu_ps(src + i)));
-  simd::convert_tail(src + i, dst + i, n - i);
+  if (i < n) {
+    const __mmask16 mask = first_lanes(n - i);
+    _mm256_mask_storeu_epi16(dst + i, mask, to_bf16_bits_native(_mm512_maskz_loadu_ps(mask, src + i)));
+  }
 }
 
 }  // namespace zshard::optim::avx512

@@ -1,7 +1,7 @@
 #pragma once
 // What the AVX2 and AVX-512 AdamW kernels share with the scalar reference, so that all paths
 // compute the same numbers: the per-step constants (derived exactly as adamw_loop derives
-// them, in code compiled for the baseline ISA) and the scalar tail.
+// them) and the cast pass's scalar fallback.
 //
 // Equality with the reference. The vector kernels perform the reference's operations in the
 // reference's order (IEEE mul, add, div and sqrt are correctly rounded on every path), and
@@ -14,6 +14,10 @@
 //  - the avx512_bf16 path's conversion instruction (VCVTNEPS2BF16) flushes f32 subnormals
 //    (|p| < 2^-126) to a signed zero where to_bf16 rounds them; master weights that small
 //    do not occur in practice, and the f32 master itself is still bitwise equal.
+// Within one path, every build: the elements after the last full vector run through the same
+// vector code on masked lanes (never through the scalar reference), so an element's bits do
+// not depend on where in the array it sits, and so not on where a shard or a tile ends:
+// training is bitwise the same for every world size (tests/native/ checks it in a native build).
 #include <cmath>
 #include <cstddef>
 #include <type_traits>
@@ -39,15 +43,6 @@ struct adamw_constants {
         sqrt_bc2(std::sqrt(s.bias_correction2)),
         inv_sqrt_bc2(1.0f / sqrt_bc2) {}
 };
-
-// The elements after the last full vector, through the reference itself. Out of line on
-// purpose: inlined into an AVX-512 function it would be compiled with FMA available and
-// could round differently from the reference.
-template <class W>
-[[gnu::noinline]] void adamw_tail(const adamw_step& s, float* master, float* m, float* v, const float* grad,
-                                  std::size_t n, W* out) noexcept {
-  detail::adamw_loop<W>(s, master, m, v, grad, n, out);
-}
 
 template <class W>
 void convert_tail(const float* src, W* dst, std::size_t n) noexcept {

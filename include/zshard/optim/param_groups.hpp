@@ -24,12 +24,14 @@
 
 namespace zshard::optim {
 
+// Every member has a default, so a designated initializer may leave any out without a
+// -Wmissing-field-initializers warning.
 struct param_group {
-  std::string name;
-  std::vector<std::string> params;                 // parameter names in this group
+  std::string name{};
+  std::vector<std::string> params{};               // parameter names in this group
   std::function<bool(const param_spec&)> match{};  // and/or: every parameter it returns true for
-  std::optional<float> lr;                         // unset: adamw_config::lr
-  std::optional<float> weight_decay;               // unset: adamw_config::weight_decay
+  std::optional<float> lr{};                       // unset: adamw_config::lr
+  std::optional<float> weight_decay{};             // unset: adamw_config::weight_decay
 };
 
 class param_groups {

@@ -63,10 +63,12 @@ struct transformer_shape {
 
 inline transformer_shape llama3_8b() { return {"llama3-8b", 32, 4096, 14336, 32, 8, 128256, false}; }
 inline transformer_shape llama3_70b() { return {"llama3-70b", 80, 8192, 28672, 64, 8, 128256, false}; }
+// A 13B-class Llama (Llama 2 13B's shape: 40 layers, hidden 5120, full multi-head attention).
+inline transformer_shape llama2_13b() { return {"llama2-13b", 40, 5120, 13824, 40, 40, 32000, false}; }
 
-// "llama3-8b" / "llama3-70b" (or with '_' for '-'); nullopt for other names.
+// "llama3-8b" / "llama3-70b" / "llama2-13b" (or with '_' for '-'); nullopt for other names.
 inline std::optional<transformer_shape> transformer_shape_named(std::string_view name) {
-  for (auto s : {llama3_8b(), llama3_70b()}) {
+  for (auto s : {llama3_8b(), llama3_70b(), llama2_13b()}) {
     std::string underscored = s.name;
     for (char& c : underscored)
       if (c == '-') c = '_';

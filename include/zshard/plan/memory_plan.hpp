@@ -10,24 +10,32 @@
 //
 // It is an upper bound by construction: every category of the run's ledger peaks at or below
 // the plan's, and so does the total, whatever order the engine admits gathers ahead in and
-// whatever it evicts (the proof is in plan/plan_walk.hpp). Every term except gathered
+// whatever it evicts (the proof is in plan/gathered_bound.hpp). Every term except gathered
 // parameters is replayed exactly; gathered parameters are exact unless max_live_numel stops
 // gathers ahead, where the plan assumes the room left is filled with the widest parameters
-// that could be there.
+// that could be there. Which Prefetcher the run uses, the plan must be told
+// (plan_options::prefetcher; plan/policy_options.hpp says which plan holds for which policies
+// and derives the options from a policies type). What the run calls beside its schedule the
+// plan must be told too: keep-gathered modules, no-sync accumulation, and which parameters
+// frozen at registration it unfreezes (by default: any of them; plan/trainable_stages.hpp walks
+// the schedule once per trainable set and keeps the larger figure of each category).
 //
 // The terms, per rank (shard = ceil(numel / world) rounded up to
 // partition.shard_alignment_numel, padded = shard · world, e = bytes of the working dtype; with
 // hybrid sharding (engine_config::hybrid) `world` here is the shard group's size, except in the
 // ranks' exchanges, which span every rank):
 //  - sharded_params   Σ shard·e over all parameters (the whole value for replicated ones).
-//  - optimizer_state  on device (offload::on_device): 3 · 4 · Σ shard of trainable parameters
-//                     (f32 master, m, v); host_adam: 0 here, see the host ledger below.
-//  - grad_shards      on device: 4 · Σ shard (f32, accumulated over micro-batches); host: 0 here.
+//  - optimizer_state  on device (offload::on_device): 3 · 4 · Σ shard of the parameters with
+//                     state (f32 master, m, v): trainable at registration or unfrozen later
+//                     (plan_options::unfreeze_stages); host_adam: 0 here, see the host ledger.
+//  - grad_shards      on device: 4 · Σ shard of the same (f32, accumulated over micro-batches);
+//                     host: 0 here.
 //  - gathered_params  parameters of open scopes and those the HookTracker holds (a recomputed
 //                     module until its backward), padded·e each (replicated ones are never
 //                     gathered); with the trace Prefetcher (the default) also what it gathers
 //                     ahead within prefetch_numel and keeps for reuse within
-//                     max_reuse_distance, bounded by max_live_numel (I5) as above. The first
+//                     max_reuse_distance, bounded by max_live_numel (I5) as above (with any
+//                     other Prefetcher, max_live_numel filled with the widest parameters). The first
 //                     step records the trace and prefetches nothing; a step that leaves the
 //                     trace drops to on-demand; the walk follows the Prefetcher through as
 //                     many steps as it takes for its state to repeat.
@@ -46,13 +54,24 @@
 //                     padded value as f32 beside the gathered one (padded·(4 + e)), an export
 //                     does so for each parameter in turn; construction on a backend with
 //                     storage stages each shard's initial values as f32 and checks the model
-//                     across ranks ((2 + 2·world)·4); step() all-reduces 3 floats.
+//                     across ranks; the ranks' checks hold 8 · words · (1 + world): step() 4
+//                     words, check_every_scope 2 per scope, and the control calls the options
+//                     imply (set_gradient_sync 2, set_trainable / set_keep_gathered_until_backward
+//                     3) wherever the engine allows them.
 //  - activations      whatever the schedule reports (eng.report_activations).
 //  The plan also counts each rank's bytes sent per step, inside its shard group and across
 //  groups (memory_plan::traffic, plan_result.hpp).
 //  Host ledger (optimizer on the host, offload::host_adam): optimizer_state 3 · 4 · Σ s and
 //  grad_shards 4 · Σ s, s = shard rounded up to the host AdamW's tile granule, plus two
 //  staging halves of host_staging_numel f32 when the backend's memory is a device's.
+//  Offload tiers (engine_config::offload, docs/DESIGN.md; plan/offload_terms.hpp): with
+//  parameters offloaded (params = host) a sharded parameter's shard·e moves from the device's
+//  sharded_params to the host's, and each gather group charges its shards' upload buffers as
+//  device scratch beside its gathered values (gather_param too); with the optimizer state on
+//  NVMe the host keeps buffer_count chunk buffers (12 · nvme_chunk_numel bytes each) instead of
+//  master, m and v, and the nvme ledger the files (two slots of ceil(Σ s / chunk) chunks).
+//  memory_plan::moved counts a step's bytes to the device (uploads, working values through
+//  staging), to the host (gradient shards) and to and from disk.
 #include <string>
 #include <vector>
 
@@ -64,6 +83,7 @@
 #include "zshard/plan/plan_walk.hpp"
 #include "zshard/plan/schedule.hpp"
 #include "zshard/plan/step_schedule.hpp"
+#include "zshard/plan/trainable_stages.hpp"
 
 namespace zshard::plan {
 
@@ -89,7 +109,9 @@ memory_plan plan_memory(const model_spec& spec, const engine_config& cfg, int wo
   plan_options o = opt;
   // Hybrid sharding splits two more communicators (shard group, replica group) off the world.
   if (group != world && o.overheads.communicators > 0) o.overheads.communicators += 2;
-  return detail::plan_walk(spec, cfg, world, std::move(layouts), schedule, o).run();
+  return detail::plan_each_trainable_set(spec, o, [&](std::vector<bool> trainable, std::vector<bool> has_state) {
+    return detail::plan_walk(spec, cfg, world, layouts, schedule, o, std::move(trainable), std::move(has_state)).run();
+  });
 }
 
 // One step program, every step the same.

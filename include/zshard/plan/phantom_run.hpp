@@ -25,6 +25,10 @@ struct phantom_result {
   std::vector<step_report> reports;
   // The offloader's state ledger when it is not the device's (host_adam): its whole-run peaks.
   std::optional<memory_ledger> host;
+  // The NVMe tier's files (offload_config::optimizer_state = nvme), and the bytes the last step
+  // moved between tiers (host_adam's traffic(); memory_plan::moved).
+  std::optional<memory_ledger> nvme;
+  tier_traffic moved_per_step{};
   std::uint64_t bytes_sent_per_step = 0;  // by rank 0's collectives, ring schedule (null_comm)
   // The same, by communicator under hybrid sharding (engine_config::hybrid): inside rank 0's shard
   // group (the whole world's collectives when flat, the step's checks included), across replica
@@ -116,9 +120,16 @@ phantom_result run_phantom(const model_spec& spec, const engine_config& cfg, int
                                         hybrid ? eng.replica_comm()->total_bytes_sent() : 0,
                                         hybrid ? comm.total_bytes_sent() : 0};
   };
+  auto moved = [&] {
+    if constexpr (requires { eng.offloader().traffic(); })
+      return eng.offloader().traffic();
+    else
+      return tier_traffic{};
+  };
   for (int s = 0; s < steps; ++s) {
     backend.ledger().reset_peaks();
     const auto sent = sent_on();
+    const tier_traffic moved_before = moved();
     const step_program& prog = schedule.cycle[std::size_t(s) % schedule.cycle.size()];
     r.scopes_with_gathers_ahead = 0;
     r.reports.push_back(run_program(eng, prog, detail::ahead_counter{&r.scopes_with_gathers_ahead}));
@@ -128,8 +139,11 @@ phantom_result run_phantom(const model_spec& spec, const engine_config& cfg, int
     r.world_bytes_per_step = now[2] - sent[2];
     r.bytes_sent_per_step = r.shard_group_bytes_per_step + r.across_groups_bytes_per_step + r.world_bytes_per_step;
     r.steps.push_back(backend.ledger());
+    r.moved_per_step = moved() - moved_before;
   }
   if (&eng.offloader().state_ledger() != &backend.ledger()) r.host = eng.offloader().state_ledger();
+  if constexpr (requires { eng.offloader().nvme(); })
+    if (const auto* n = eng.offloader().nvme()) r.nvme = n->ledger();
   return r;
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // A memory plan as a table, one row per ledger category: the predicted peak of each category
 // and the categories at the moment of the total peak, optionally beside a run's ledger (its
-// peaks and the plan's error on the total), for the device and, when the optimizer state is
-// offloaded, the host.
+// peaks and the plan's error on the total), for the device and, when state is offloaded, the
+// host and the NVMe files, with the bytes a step moves between them.
 #include <algorithm>
 #include <cstdio>
 #include <ostream>
@@ -66,12 +66,18 @@ inline void print_ledger(std::ostream& os, const std::string& title, const ledge
 // Device table, then the host table when the plan has offloaded state (or a host ledger is
 // given). `measured_*` may be null: plan columns only.
 inline void print_plan(std::ostream& os, const memory_plan& plan, const memory_ledger* measured_device = nullptr,
-                       const memory_ledger* measured_host = nullptr) {
+                       const memory_ledger* measured_host = nullptr, const memory_ledger* measured_nvme = nullptr) {
   detail::print_ledger(os, "device", plan.device, measured_device);
   if (const std::size_t extra = plan.overheads.total(plan.device.total_peak); extra > 0)
     os << "  + what the GPU holds beside the ledger (context, NCCL, pool, workspaces): "
        << format_bytes(double(extra)) << "; device total " << format_bytes(double(plan.device_total())) << '\n';
-  if (plan.host.total_peak > 0 || measured_host) detail::print_ledger(os, "host", plan.host, measured_host);
+  if (plan.host.total_peak > 0 || measured_host)
+    detail::print_ledger(os, plan.host_pinned ? "host (pinned)" : "host", plan.host, measured_host);
+  if (plan.nvme.total_peak > 0 || measured_nvme) detail::print_ledger(os, "nvme", plan.nvme, measured_nvme);
+  if (const tier_traffic& m = plan.moved; m.to_device + m.to_host + m.disk_read + m.disk_written > 0)
+    os << "moved per rank per step: " << format_bytes(double(m.to_device)) << " to the device, "
+       << format_bytes(double(m.to_host)) << " to the host, " << format_bytes(double(m.disk_read)) << " read from and "
+       << format_bytes(double(m.disk_written)) << " written to disk\n";
   const step_traffic& t = plan.traffic;
   os << "sent per rank per step: " << format_bytes(double(t.shard_group)) << " in its shard group of "
      << plan.shard_group << " rank(s)";

@@ -7,7 +7,7 @@
 //
 // The Prefetcher's choices depend only on the sequence of scopes and the budgets, never on
 // what the engine admitted: that is what lets the planner bound residency for every admission
-// order (plan/plan_walk.hpp).
+// order (plan/gathered_bound.hpp).
 #include <cstddef>
 #include <vector>
 

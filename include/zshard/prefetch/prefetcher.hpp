@@ -15,6 +15,8 @@
 //   on_scope_failed(m, kind)             optional: the scope just entered could not be opened
 //                                        (live budget, allocation); forget it, so a retry is
 //                                        seen once
+// The memory planner replays prefetch::trace and prefetch::on_demand; a plan for any other
+// Prefetcher assumes only the live budget the engine enforces (plan/policy_options.hpp).
 #include <concepts>
 #include <vector>
 

@@ -137,7 +137,13 @@ class trace {
       return "'" + spec_->module(mod).name + "' (" + std::string(to_string(k)) + ")";
     };
     const std::string expected = pos_ < trace_.size() ? describe(trace_[pos_].module, trace_[pos_].kind) : "the end";
-    note("module " + describe(m, kind) + " at scope #" + std::to_string(pos_) + " where the trace has " + expected);
+    // A no-grad pass where the trace has a counted use, or the reverse, is almost always an
+    // evaluation between training steps: say which policy keeps prefetching through it.
+    const bool other_pass = pos_ < trace_.size() && (kind == use_kind::no_grad) != (trace_[pos_].kind == use_kind::no_grad);
+    note("module " + describe(m, kind) + " at scope #" + std::to_string(pos_) + " where the trace has " + expected +
+         (other_pass ? "; a no-grad pass (an evaluation?) between training steps: prefetch::pass_trace keeps one "
+                       "trace per kind of pass and prefetches through both"
+                     : ""));
     state_ = state::on_demand;
   }
   void diverge_at_step_end() {
@@ -148,7 +154,9 @@ class trace {
   void note(const std::string& what) {
     if (divergences_++ == 0)
       say(log_, "prefetch: the model left its recorded trace (" + what +
-                "); prefetching is on-demand until a new trace is recorded (said once; see divergences())");
+                "); prefetching is on-demand until a new trace is recorded (said once; see divergences()). A "
+                "model that alternates kinds of passes (training steps, evaluations) keeps prefetching with "
+                "prefetch::pass_trace (prefetch/pass_trace_prefetcher.hpp)");
   }
 
   struct position {

@@ -18,6 +18,11 @@
 //   gathering  --finish_gather--> gathered    compute has waited for the gather: readable
 //   gathering | gathered --release--> sharded
 // A replicated parameter is always gathered (its shard is the whole value) and never moves.
+//
+// Offloaded shards (parameter offload, state/shard_tier.hpp): built with offload_shards, the
+// store allocates no device shard for a sharded parameter (`shard` stays empty); the Offloader
+// attaches the tier that keeps it, and a gather reads gather_source(p, role), a copy staged for
+// it. Code that reads or writes a working shard goes through host_shard(p) first.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -29,6 +34,7 @@
 #include "zshard/core/error.hpp"
 #include "zshard/model/model_spec.hpp"
 #include "zshard/partition/shard_layout.hpp"
+#include "zshard/state/shard_tier.hpp"
 #include "zshard/state/stream_roles.hpp"
 
 namespace zshard {
@@ -59,7 +65,7 @@ class param_slot {
   const param_spec* spec = nullptr;
   shard_layout layout{};
   dtype type = dtype::f32;    // working dtype
-  buffer<Backend> shard;      // this rank's slice (whole value when replicated)
+  buffer<Backend> shard;      // this rank's slice (whole value when replicated); empty when offloaded
   buffer<Backend> full_grad;  // f32, padded, while backward accumulates into it
 
   param_state state() const noexcept { return state_; }
@@ -84,14 +90,15 @@ template <class Backend>
 class param_store {
  public:
   param_store(Backend& backend, const model_spec& spec, const std::vector<shard_layout>& layouts, dtype default_type,
-              bool overlap = false, const typename Backend::stream* compute = nullptr)
-      : backend_(backend), spec_(spec), streams_(backend, overlap, compute) {
+              bool overlap = false, const typename Backend::stream* compute = nullptr, bool offload_shards = false)
+      : backend_(backend), spec_(spec), streams_(backend, overlap, compute), offload_shards_(offload_shards) {
     slots_.resize(spec.params().size());
     for (std::size_t p = 0; p < slots_.size(); ++p) {
       auto& s = slots_[p];
       s.spec = &spec.params()[p];
       s.layout = layouts[p];
       s.type = s.spec->type.value_or(default_type);
+      if (offloaded(p)) continue;  // its tier keeps it
       s.shard = buffer<Backend>(backend, s.type, s.layout.shard_numel, mem_category::sharded_params,
                                 streams_.on(stream_role::compute));
       if (s.layout.replicated) s.state_ = param_state::gathered;
@@ -107,13 +114,44 @@ class param_store {
   param_slot<Backend>& operator[](param_id p) noexcept { return slots_[p]; }
   const param_slot<Backend>& operator[](param_id p) const noexcept { return slots_[p]; }
 
-  // sharded -> gathering: allocates the gathered buffer in the gather stream's order and records
-  // p as resident; returns the buffer, which the caller fills on that stream.
+  // ---- offloaded shards (state/shard_tier.hpp) -------------------------------------------------
+  // Whether p's working shard lives in a tier off the device (sharded parameters only).
+  bool offloaded(param_id p) const noexcept { return offload_shards_ && !slots_[p].layout.replicated; }
+  bool offloads_shards() const noexcept { return offload_shards_; }
+  // The Offloader that keeps offloaded shards attaches its tier at construction (once).
+  void attach_tier(shard_tier<Backend>& t) noexcept { tier_ = &t; }
+  bool has_tier() const noexcept { return tier_ != nullptr; }
+  // p's working shard in host memory the CPU may read and write, when offloaded (null when it is
+  // on the device, and on a backend that holds no storage).
+  void* host_shard(param_id p) const noexcept { return offloaded(p) && tier_ ? tier_->host_shard(p) : nullptr; }
+  // What a collective enqueued next on `consumer`'s stream reads as p's shard: the device shard,
+  // or a copy of the offloaded one staged for it (freed by gathers_issued).
+  const void* gather_source(param_id p, stream_role consumer) {
+    if (!offloaded(p)) return slots_[p].shard.data();
+    ZSHARD_REQUIRE(tier_ != nullptr, error_kind::invariant,
+                   "parameter '" + slots_[p].spec->name + "' is offloaded but no tier keeps it");
+    return tier_->stage(p, consumer);
+  }
+  // The collectives reading the copies staged for `consumer` have been issued.
+  void gathers_issued(stream_role consumer) noexcept {
+    if (tier_) tier_->unstage(consumer);
+  }
+  // The host waits for uploads in flight before it writes offloaded shards.
+  void quiesce_tier() {
+    if (tier_) tier_->quiesce();
+  }
+
+  // sharded -> gathering: allocates the gathered buffer and records p as resident; returns the
+  // buffer, which the caller fills on the gather stream after making it wait for compute. The
+  // buffer is allocated in the compute stream's order, where it is also freed (release), so a
+  // stream-ordered pool reuses it at once for the next gather: allocated on the gather stream, a
+  // block freed on compute could be reused there only once the pool saw the free complete, and
+  // with the host running ahead the pool grew instead (20-27% above the ledger, issue 24).
   void* begin_gather(param_id p, residency_key) {
     auto& s = slots_[p];
     expect(s, param_state::sharded, "begin_gather");
     s.gathered_ = buffer<Backend>(backend_, s.type, s.layout.padded_numel, mem_category::gathered_params,
-                                  streams_.on(stream_role::gather));
+                                  streams_.on(stream_role::compute));
     s.state_ = param_state::gathering;
     s.set_index_ = gathered_set_.size();
     gathered_set_.push_back(p);
@@ -139,8 +177,8 @@ class param_store {
   }
 
   // gathering -> sharded when p's all-gather failed to be issued: frees the gathered buffer in
-  // the gather stream's order, the stream that allocated it and that any part of the failed
-  // collective was enqueued on, so no other stream needs an event for it.
+  // the gather stream's order, which any part of the failed collective was enqueued on and which
+  // waited for the buffer's allocation on compute (residency::gather_group).
   void abandon_gather(param_id p, residency_key) {
     auto& s = slots_[p];
     expect(s, param_state::gathering, "abandon_gather");
@@ -186,6 +224,8 @@ class param_store {
   std::vector<param_slot<Backend>> slots_;
   std::vector<param_id> gathered_set_;
   std::size_t resident_numel_ = 0;  // sum of padded_numel over gathered_set_
+  bool offload_shards_ = false;
+  shard_tier<Backend>* tier_ = nullptr;  // owned by the Offloader, which the engine destroys first
 };
 
 }  // namespace zshard

@@ -113,8 +113,9 @@ class stream_roles {
   void wait_for(stream_role waiter, const mark& m) {
     if (!overlapped_ || m.enqueued == 0) return;
     const std::size_t w = index(waiter), s = index(m.source);
-    if (seen_[w][s] >= m.enqueued) return;  // already waited past it with order()
+    if (seen_[w][s] >= m.enqueued) return;  // already waited past it (order(), or this mark)
     backend_.wait(streams_[w], marks_[s][m.slot]);
+    seen_[w][s] = m.enqueued;  // the parameters gathered in one group share a mark: one wait for all
   }
 
   // The stream to pass to a collective of `role` (communicator.hpp), counted as work there. A

@@ -33,6 +33,7 @@
 #include <initializer_list>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -98,7 +99,8 @@ class checked_backend {
                                            std::string(to_string(c)) + " failed");
     }
     live_.emplace(address(p),
-                  allocation{bytes, c, {}, {}, std::string(to_string(c)) + "#" + std::to_string(++serial_)});
+                  allocation{bytes, c, {}, {}, std::string(to_string(c)) + "#" + std::to_string(++serial_), id});
+    ++allocations_[static_cast<std::size_t>(c)];
     touch("allocate", id, begin(id), p, bytes, true);
     return p;
   }
@@ -117,6 +119,7 @@ class checked_backend {
     if (a.bytes != bytes || a.category != c)
       report("deallocate: " + a.label + " (" + std::to_string(a.bytes) + " bytes) freed as " + std::to_string(bytes) +
              " bytes of " + std::string(to_string(c)));
+    if (a.stream != id) ++cross_stream_frees_[static_cast<std::size_t>(a.category)];
     live_.erase(it);
     std::free(p);
     ledger_.release(a.category, a.bytes);  // what was charged, so a bad call cannot throw here
@@ -211,6 +214,18 @@ class checked_backend {
     touch("adamw", id, t, working_out, n * size_of(working_type), true);
     optim::adamw_update_scalar(step, master, m, v, grad, n, working_out, working_type);
   }
+  // The batched kernels cuda_backend has (backend.hpp's batched_sum_squares, batched_adamw), so
+  // the engine runs the same path here as on a GPU: each tensor as the single-tensor call.
+  void sum_squares_batch(std::span<const float* const> x, std::span<const std::size_t> n, double* out,
+                         const stream& s) {
+    for (std::size_t i = 0; i < x.size(); ++i) sum_squares_into(x[i], n[i], out + i, s);
+  }
+  void adamw_batch(std::span<const adamw_task> tasks, bool zero_grad, const stream& s) {
+    for (const adamw_task& t : tasks) {
+      adamw(t.step, t.master, t.m, t.v, t.grad, t.n, t.working_out, t.working_type, s);
+      if (zero_grad) fill_zero(t.grad, t.n * sizeof(float), s);
+    }
+  }
 
   // Work the backend does not run (the training stack's kernels on views the engine hands out):
   // one operation on role r's stream that reads or writes [p, p + bytes).
@@ -232,6 +247,13 @@ class checked_backend {
     return std::max(seen(static_cast<int>(r)), seen(host)) >= w.tick;  // enqueuing joins the host's clock
   }
   const std::vector<std::string>& violations() const noexcept { return violations_; }
+  // Allocations of a category, and those freed on another stream than the one they were
+  // allocated on: a stream-ordered pool (CUDA's) reuses a block freed on the allocating stream at
+  // once, one freed elsewhere only once it knows the free completed (docs/DESIGN.md).
+  std::size_t allocations(mem_category c) const noexcept { return allocations_[static_cast<std::size_t>(c)]; }
+  std::size_t cross_stream_frees(mem_category c) const noexcept {
+    return cross_stream_frees_[static_cast<std::size_t>(c)];
+  }
   // Accesses that fell in a live allocation: proof that the checker saw the work at all.
   std::size_t checked_accesses() const noexcept { return checked_accesses_; }
 
@@ -249,6 +271,7 @@ class checked_backend {
     mark last_write;
     std::vector<mark> reads;  // since last_write, the latest per stream (it orders the earlier)
     std::string label;
+    int stream = 0;  // allocated in this stream's order
   };
   struct range {
     const void* p;
@@ -334,6 +357,7 @@ class checked_backend {
   std::array<vector_clock, participants> vc_{};
   std::map<std::uintptr_t, allocation> live_;  // by base address, for upper_bound lookups
   std::vector<std::string> violations_;
+  std::array<std::size_t, mem_category_count> allocations_{}, cross_stream_frees_{};
   std::size_t checked_accesses_ = 0;
   std::uint64_t serial_ = 0;
   wait_watch watch_;

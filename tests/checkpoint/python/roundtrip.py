@@ -8,6 +8,10 @@ into a venv). Exits 77 (ctest: skipped) with a message when they are not install
    gathered parameters (f32 exactly; bf16 as the round-to-nearest-even of them).
 2. load: a model written by safetensors (two files and an index, F32 and F16 tensors) loads
    into a 3-rank engine; every parameter equals the file's values.
+3. torch layout: the example GPT's export holds every linear weight as (out, in), so that
+   x @ W.T + b with numpy equals the layer's output computed by the model's own code; and a
+   file Python writes in that layout loads into the model (as --init-from does) to the same
+   effect.
 """
 import json
 import os
@@ -93,11 +97,48 @@ def check_load(bridge, work):
     print(f"load: {len(loaded)} parameters written by Python safetensors (index, 2 files, F32/F16) loaded exactly")
 
 
+def check_linear(name, layer, weights):
+    """y = x @ W.T + b for W (out, in) as torch's nn.Linear holds it."""
+    n_in, n_out = layer["in"], layer["out"]
+    w = weights[name]
+    assert w.shape == (n_out, n_in), f"{name}: shape {w.shape}, torch's nn.Linear layout is (out, in) = {(n_out, n_in)}"
+    x = np.array(layer["x"], dtype=np.float64).reshape(-1, n_in)
+    y = np.array(layer["y"], dtype=np.float64).reshape(-1, n_out)
+    want = x @ w.astype(np.float64).T
+    if layer["bias"]:
+        want = want + weights[layer["bias"]].astype(np.float64)
+    # the model computes in f32: agreement to f32 rounding of sums of n_in products
+    err = np.max(np.abs(want - y)) / max(1.0, np.max(np.abs(want)))
+    assert err < 1e-5, f"{name}: x @ W.T + b differs from the layer's output by {err:.3g}"
+    # and the transpose is wrong: a square weight would pass its shape check, not its values
+    if n_in == n_out:
+        assert np.max(np.abs(x @ w.astype(np.float64) - y)) > 1e-3, f"{name}: also equals x @ W (untransposed)"
+
+
+def check_torch_layout(bridge, work):
+    subprocess.run([bridge, "gpt", work], check=True)
+    layers = json.load(open(os.path.join(work, "gpt_layers.json")))
+    exported = load_file(os.path.join(work, "gpt.safetensors"))
+    for name, layer in layers.items():
+        check_linear(name, layer, exported)
+    # a file written by Python in torch's layout, other values: loaded as --init-from loads it
+    rng = np.random.default_rng(99)
+    written = {n: rng.normal(0, 0.2, size=t.shape).astype(np.float32) for n, t in exported.items()}
+    save_file(written, os.path.join(work, "gpt_torch.safetensors"), metadata={"format": "pt"})
+    subprocess.run([bridge, "gpt-load", work], check=True)
+    loaded = json.load(open(os.path.join(work, "gpt_loaded_layers.json")))
+    for name, layer in loaded.items():
+        check_linear(name, layer, written)
+    print(f"torch layout: {len(layers)} linear weights exported as (out, in), x @ W.T + b equals the layer's output; "
+          "a file written in that layout loads to the same effect")
+
+
 def main():
     bridge, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
     check_export(bridge, work)
     check_load(bridge, work)
+    check_torch_layout(bridge, work)
 
 
 if __name__ == "__main__":

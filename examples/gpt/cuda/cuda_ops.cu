@@ -1,0 +1,338 @@
+// The GPT's operations on one GPU (cuda_ops.hpp says what each call does): launches of the
+// kernels in gpt_kernels.cuh, cuBLAS for the matmuls, pinned staging for host copies.
+#include "cuda_ops.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../ops_contract.hpp"
+#include "gpt_kernels.cuh"
+#include "zshard/backend/cuda_check.hpp"
+
+namespace gpt::cuda {
+
+namespace {
+
+using namespace kernels;
+
+void launched(const char* what) { zshard::cuda::check(cudaGetLastError(), std::string("launch of ") + what); }
+
+void cublas_check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw zshard::error(zshard::error_kind::backend, std::string(what) + " failed: " + cublasGetStatusString(s),
+                        "check the GEMM's sizes and leading dimensions, and that the device has memory left");
+}
+
+}  // namespace
+
+// ---- the object -----------------------------------------------------------------------------------------
+struct cuda_ops::impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  // Uploads go through a ring of pinned slots, each reused only after its last copy finished.
+  struct slot {
+    void* host = nullptr;
+    std::size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+  };
+  std::vector<slot> ring = std::vector<slot>(8);
+  std::size_t next = 0;
+  slot down;  // downloads
+
+  void wait(cudaEvent_t e) const {
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      const cudaError_t s = cudaEventQuery(e);
+      if (s == cudaSuccess) return;
+      if (s != cudaErrorNotReady) zshard::cuda::check(s, "cudaEventQuery (gpt cuda_ops)");
+      if (std::chrono::steady_clock::now() - start > std::chrono::minutes(5))
+        throw zshard::error(zshard::error_kind::backend, "gpt cuda_ops: the stream did not reach a copy within 5 minutes",
+                            "a collective ahead of it may wait for a rank that failed");
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  void fit(slot& s, std::size_t bytes) {
+    if (s.done) wait(s.done);
+    if (s.bytes >= bytes) return;
+    if (s.host) zshard::cuda::check(cudaFreeHost(s.host), "cudaFreeHost");
+    s.host = nullptr;
+    s.bytes = 0;
+    zshard::cuda::check(cudaHostAlloc(&s.host, bytes, cudaHostAllocDefault), "cudaHostAlloc (gpt staging)");
+    s.bytes = bytes;
+  }
+};
+
+cuda_ops::cuda_ops(int device, cudaStream_t stream, std::size_t cublas_workspace) : impl_(std::make_unique<impl>()) {
+  impl_->device = device;
+  impl_->stream = stream;
+  zshard::cuda::ensure_device(device);
+  cublas_check(cublasCreate(&impl_->blas), "cublasCreate");
+  cublas_check(cublasSetStream(impl_->blas, stream), "cublasSetStream");
+  if (cublas_workspace) {
+    zshard::cuda::check(cudaMalloc(&impl_->workspace, cublas_workspace), "cudaMalloc (cuBLAS workspace)");
+    impl_->workspace_bytes = cublas_workspace;
+    cublas_check(cublasSetWorkspace(impl_->blas, impl_->workspace, cublas_workspace), "cublasSetWorkspace");
+  }
+  for (auto& s : impl_->ring) zshard::cuda::check(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), "cudaEventCreate");
+  zshard::cuda::check(cudaEventCreateWithFlags(&impl_->down.done, cudaEventDisableTiming), "cudaEventCreate");
+}
+
+cuda_ops::~cuda_ops() {
+  if (!impl_) return;
+  (void)cudaSetDevice(impl_->device);
+  (void)cudaStreamSynchronize(impl_->stream);  // staging may still be read by a copy
+  for (auto* s : {&impl_->down}) {
+    if (s->host) (void)cudaFreeHost(s->host);
+    if (s->done) (void)cudaEventDestroy(s->done);
+  }
+  for (auto& s : impl_->ring) {
+    if (s.host) (void)cudaFreeHost(s.host);
+    if (s.done) (void)cudaEventDestroy(s.done);
+  }
+  if (impl_->blas) (void)cublasDestroy(impl_->blas);
+  if (impl_->workspace) (void)cudaFree(impl_->workspace);
+}
+
+cudaStream_t cuda_ops::stream() const noexcept { return impl_->stream; }
+std::size_t cuda_ops::workspace_bytes() const noexcept { return impl_->workspace_bytes; }
+
+void* cuda_ops::allocate(std::size_t bytes) {
+  zshard::cuda::ensure_device(impl_->device);
+  void* p = nullptr;
+  zshard::cuda::check(cudaMalloc(&p, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes, GPT activations)");
+  return p;
+}
+void cuda_ops::deallocate(void* p) noexcept {
+  if (!p) return;
+  (void)cudaStreamSynchronize(impl_->stream);  // cudaFree would too; the arena's last users are on the stream
+  (void)cudaFree(p);
+}
+void cuda_ops::zero(void* p, std::size_t bytes) {
+  zshard::cuda::check(cudaMemsetAsync(p, 0, bytes, impl_->stream), "cudaMemsetAsync");
+}
+void cuda_ops::upload(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  auto& s = impl_->ring[impl_->next++ % impl_->ring.size()];
+  impl_->fit(s, bytes);
+  std::memcpy(s.host, src, bytes);
+  zshard::cuda::check(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, impl_->stream), "cudaMemcpyAsync (upload)");
+  zshard::cuda::check(cudaEventRecord(s.done, impl_->stream), "cudaEventRecord");
+}
+void cuda_ops::download(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  auto& s = impl_->down;
+  impl_->fit(s, bytes);
+  zshard::cuda::check(cudaMemcpyAsync(s.host, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "cudaMemcpyAsync (download)");
+  zshard::cuda::check(cudaEventRecord(s.done, impl_->stream), "cudaEventRecord");
+  impl_->wait(s.done);
+  std::memcpy(dst, s.host, bytes);
+}
+
+void cuda_ops::gemm(bool ta, bool tb, int m_, int n, int k, const half_t* A, int lda, long long sa, const half_t* B,
+                    int ldb, long long sb, float* C, int ldc, long long sc, int batch, float beta) {
+  const float alpha = 1.0f;
+  const auto opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1)
+    cublas_check(cublasGemmEx(impl_->blas, opa, opb, m_, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, &beta, C,
+                              CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  else
+    cublas_check(cublasGemmStridedBatchedEx(impl_->blas, opa, opb, m_, n, k, &alpha, A, CUDA_R_16BF, lda, sa, B,
+                                            CUDA_R_16BF, ldb, sb, &beta, C, CUDA_R_32F, ldc, sc, batch,
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmStridedBatchedEx");
+}
+
+double cuda_ops::gemm_flops_per_s(int n, int reps) {
+  const std::size_t nn = std::size_t(n) * std::size_t(n);
+  half_t* a = static_cast<half_t*>(allocate(nn * sizeof(half_t)));
+  half_t* b = static_cast<half_t*>(allocate(nn * sizeof(half_t)));
+  float* c = static_cast<float*>(allocate(nn * sizeof(float)));
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  double best = std::numeric_limits<double>::infinity();
+  try {
+    fill_pattern_kernel<<<blocks_for(nn), threads, 0, impl_->stream>>>(a, nn);
+    fill_pattern_kernel<<<blocks_for(nn), threads, 0, impl_->stream>>>(b, nn);
+    launched("fill_pattern");
+    zshard::cuda::check(cudaEventCreate(&e0), "cudaEventCreate");
+    zshard::cuda::check(cudaEventCreate(&e1), "cudaEventCreate");
+    gemm(false, false, n, n, n, a, n, 0, b, n, 0, c, n, 0, 1, 0.0f);  // warm-up: heuristics, lazy loading
+    for (int r = 0; r < reps; ++r) {
+      zshard::cuda::check(cudaEventRecord(e0, impl_->stream), "cudaEventRecord");
+      gemm(false, false, n, n, n, a, n, 0, b, n, 0, c, n, 0, 1, 0.0f);
+      zshard::cuda::check(cudaEventRecord(e1, impl_->stream), "cudaEventRecord");
+      impl_->wait(e1);
+      float ms = 0;
+      zshard::cuda::check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+      best = std::min(best, double(ms));
+    }
+  } catch (...) {
+    if (e0) (void)cudaEventDestroy(e0);
+    if (e1) (void)cudaEventDestroy(e1);
+    deallocate(a), deallocate(b), deallocate(c);
+    throw;
+  }
+  (void)cudaEventDestroy(e0);
+  (void)cudaEventDestroy(e1);
+  deallocate(a), deallocate(b), deallocate(c);
+  return 2.0 * double(n) * double(n) * double(n) / (best * 1e-3);
+}
+
+// ---- launches --------------------------------------------------------------------------------------------
+void cuda_ops::embed_forward(const std::int32_t* tokens, const half_t* wte, const half_t* wpe, float* x, int batch,
+                             int seq, int d) {
+  const std::size_t n = std::size_t(batch) * seq * d;
+  index_for(n, [&](auto i) {
+    using I = decltype(i);
+    embed_forward_kernel<I><<<blocks_for(n), threads, 0, impl_->stream>>>(tokens, wte, wpe, x, I(n), I(seq), I(d));
+  });
+  launched("embed_forward");
+}
+void cuda_ops::embed_backward(const std::int32_t* by_row, const std::int32_t* uniq, const std::int32_t* offsets,
+                              int n_uniq, const float* dx, float* dwte, float* dwpe, int batch, int seq, int d) {
+  if (n_uniq > 0) {
+    const dim3 grid(unsigned((d + threads - 1) / threads), unsigned(std::min(n_uniq, 65535)));
+    embed_backward_tokens_kernel<<<grid, threads, 0, impl_->stream>>>(by_row, uniq, offsets, n_uniq, dx, dwte, d);
+    launched("embed_backward (tokens)");
+  }
+  embed_backward_positions_kernel<<<blocks_for(std::size_t(seq) * d), threads, 0, impl_->stream>>>(dx, dwpe, batch, seq, d);
+  launched("embed_backward (positions)");
+}
+void cuda_ops::layer_norm_forward(const float* x, const half_t* gain, const half_t* bias, half_t* y, float* mean,
+                                  float* rstd, int rows, int d) {
+  if (!with_register_row(d, [&](auto k) {
+        layer_norm_forward_regs_kernel<k()><<<row_blocks(rows), threads, 0, impl_->stream>>>(
+            x, nullptr, nullptr, nullptr, gain, bias, y, mean, rstd, rows, d);
+      }))
+    layer_norm_forward_kernel<<<row_blocks(rows), threads, 0, impl_->stream>>>(x, nullptr, nullptr, nullptr, gain, bias,
+                                                                                y, mean, rstd, rows, d);
+  launched("layer_norm_forward");
+}
+void cuda_ops::residual_layer_norm_forward(const float* x, const float* branch, const half_t* branch_bias, float* sum,
+                                           const half_t* gain, const half_t* bias, half_t* y, float* mean, float* rstd,
+                                           int rows, int d) {
+  if (!with_register_row(d, [&](auto k) {
+        layer_norm_forward_regs_kernel<k()><<<row_blocks(rows), threads, 0, impl_->stream>>>(
+            x, branch, branch_bias, sum, gain, bias, y, mean, rstd, rows, d);
+      }))
+    layer_norm_forward_kernel<<<row_blocks(rows), threads, 0, impl_->stream>>>(x, branch, branch_bias, sum, gain, bias,
+                                                                                y, mean, rstd, rows, d);
+  launched("residual_layer_norm_forward");
+}
+void cuda_ops::layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                                   const half_t* gain, float* dx, int rows, int d) {
+  if (!with_register_row(d, [&](auto k) {
+        layer_norm_backward_regs_kernel<k()><<<row_blocks(rows), threads, 0, impl_->stream>>>(dy, x, mean, rstd, gain,
+                                                                                               dx, rows, d);
+      }))
+    layer_norm_backward_kernel<<<row_blocks(rows), threads, 0, impl_->stream>>>(dy, x, mean, rstd, gain, dx, rows, d);
+  launched("layer_norm_backward");
+}
+void cuda_ops::layer_norm_param_grad(const float* dy, const float* x, const float* mean, const float* rstd,
+                                     float* dgain, float* dbias, int rows, int d) {
+  const int chunks = int(ops::column_sum_chunks(rows));
+  const dim3 grid(unsigned((d + threads - 1) / threads), unsigned(chunks));
+  column_partial_kernel<<<grid, threads, 0, impl_->stream>>>(dy, x, mean, rstd, col_scratch, rows, d, chunks);
+  column_finish_kernel<<<unsigned((d + threads - 1) / threads), threads, 0, impl_->stream>>>(col_scratch, dgain, dbias, d,
+                                                                                             chunks);
+  launched("layer_norm_param_grad");
+}
+void cuda_ops::bias_grad(const float* dy, float* dbias, int rows, int cols) {
+  const int chunks = int(ops::column_sum_chunks(rows));
+  const dim3 grid(unsigned((cols + threads - 1) / threads), unsigned(chunks));
+  column_partial_kernel<<<grid, threads, 0, impl_->stream>>>(dy, nullptr, nullptr, nullptr, col_scratch, rows, cols,
+                                                             chunks);
+  column_finish_kernel<<<unsigned((cols + threads - 1) / threads), threads, 0, impl_->stream>>>(col_scratch, dbias,
+                                                                                                nullptr, cols, chunks);
+  launched("bias_grad");
+}
+void cuda_ops::bias_gelu_forward(float* pre, const half_t* bias, half_t* act, int rows, int cols) {
+  const std::size_t n = std::size_t(rows) * cols;
+  index_for(n, [&](auto i) {
+    using I = decltype(i);
+    bias_gelu_forward_kernel<I><<<blocks_for(n), threads, 0, impl_->stream>>>(pre, bias, act, I(n), I(cols));
+  });
+  launched("bias_gelu_forward");
+}
+void cuda_ops::gelu_forward(const float* pre, half_t* act, std::size_t n) {
+  gelu_forward_kernel<<<blocks_for(n), threads, 0, impl_->stream>>>(pre, act, n);
+  launched("gelu_forward");
+}
+void cuda_ops::gelu_backward(const float* pre, float* d, half_t* d_half, std::size_t n) {
+  gelu_backward_kernel<<<blocks_for(n), threads, 0, impl_->stream>>>(pre, d, d_half, n);
+  launched("gelu_backward");
+}
+void cuda_ops::qkv_bias_permute(const float* qkv, const half_t* bias, half_t* q, half_t* k, half_t* v,
+                                const math::head_layout& hl) {
+  const std::size_t n = std::size_t(hl.batch) * hl.seq * 3 * hl.d_model();
+  index_for(n, [&](auto i) {
+    qkv_bias_permute_kernel<decltype(i)><<<blocks_for(n), threads, 0, impl_->stream>>>(qkv, bias, q, k, v, hl);
+  });
+  launched("qkv_bias_permute");
+}
+void cuda_ops::causal_softmax_forward(const float* s, half_t* p, int rows, int seq, float scale) {
+  if (!with_register_row(seq, [&](auto k) {
+        causal_softmax_forward_regs_kernel<k()><<<row_blocks(rows), threads, 0, impl_->stream>>>(s, p, rows, seq, scale);
+      }))
+    causal_softmax_forward_kernel<<<row_blocks(rows), threads, 0, impl_->stream>>>(s, p, rows, seq, scale);
+  launched("causal_softmax_forward");
+}
+void cuda_ops::causal_softmax_backward(const half_t* p, const float* dp, half_t* ds, int rows, int seq, float scale) {
+  if (!with_register_row(seq, [&](auto k) {
+        causal_softmax_backward_regs_kernel<k()><<<row_blocks(rows), threads, 0, impl_->stream>>>(p, dp, ds, rows, seq,
+                                                                                                  scale);
+      }))
+    causal_softmax_backward_kernel<<<row_blocks(rows), threads, 0, impl_->stream>>>(p, dp, ds, rows, seq, scale);
+  launched("causal_softmax_backward");
+}
+void cuda_ops::heads_to_rows(const float* o, half_t* out, const math::head_layout& hl) {
+  const std::size_t n = std::size_t(hl.batch) * hl.seq * hl.d_model();
+  index_for(n, [&](auto i) { heads_to_rows_kernel<decltype(i)><<<blocks_for(n), threads, 0, impl_->stream>>>(o, out, hl); });
+  launched("heads_to_rows");
+}
+void cuda_ops::rows_to_heads(const float* d_out, half_t* d_o, const math::head_layout& hl) {
+  const std::size_t n = std::size_t(hl.batch) * hl.seq * hl.d_model();
+  index_for(n, [&](auto i) {
+    rows_to_heads_kernel<decltype(i)><<<blocks_for(n), threads, 0, impl_->stream>>>(d_out, d_o, hl);
+  });
+  launched("rows_to_heads");
+}
+void cuda_ops::qkv_grad_to_rows(const float* dq, const float* dk, const float* dv, float* dqkv, half_t* dqkv_half,
+                                const math::head_layout& hl) {
+  const std::size_t n = std::size_t(hl.batch) * hl.seq * 3 * hl.d_model();
+  index_for(n, [&](auto i) {
+    qkv_grad_to_rows_kernel<decltype(i)><<<blocks_for(n), threads, 0, impl_->stream>>>(dq, dk, dv, dqkv, dqkv_half, hl);
+  });
+  launched("qkv_grad_to_rows");
+}
+void cuda_ops::residual_add(const float* x, const float* branch, const half_t* bias, float* out, int rows, int cols) {
+  const std::size_t n = std::size_t(rows) * cols;
+  index_for(n, [&](auto i) {
+    using I = decltype(i);
+    residual_add_kernel<I><<<blocks_for(n), threads, 0, impl_->stream>>>(x, branch, bias, out, I(n), I(cols));
+  });
+  launched("residual_add");
+}
+void cuda_ops::to_half(const float* src, half_t* dst, std::size_t n) {
+  to_half_kernel<<<blocks_for(n), threads, 0, impl_->stream>>>(src, dst, n);
+  launched("to_half");
+}
+void cuda_ops::cross_entropy(const float* logits, const std::int32_t* targets, float* row_loss, half_t* dlogits,
+                             float grad_weight, int rows, int vocab) {
+  cross_entropy_kernel<<<unsigned(rows), 512, 0, impl_->stream>>>(logits, targets, row_loss, dlogits, grad_weight, vocab);
+  launched("cross_entropy");
+}
+
+}  // namespace gpt::cuda

@@ -1,0 +1,443 @@
+#pragma once
+// The GPT's kernels (device code), included by cuda_ops.cu only: each maps threads to
+// gpt_math.hpp's element or row functions; the mapping is the only thing here:
+//   element-wise        grid-stride loops over the flat index
+//   row-wise            one warp per row (layer norm, causal softmax; rows of up to 1024
+//                       elements held in registers) or one block per row (cross-entropy over the
+//                       vocabulary), sums by a fixed xor-shuffle tree
+//   column sums         one thread per column over a chunk of rows, then the chunks in order
+// so every result is deterministic, and the host loops (host_ops.hpp) are the same math.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "../gpt_math.hpp"
+#include "../ops_contract.hpp"
+
+namespace gpt::cuda::kernels {
+
+using half_t = zshard::bf16;
+namespace m = gpt::math;
+
+constexpr int threads = 256;
+constexpr int warps_per_block = threads / 32;
+constexpr unsigned full_mask = 0xffffffffu;
+
+inline unsigned blocks_for(std::size_t n) {
+  return static_cast<unsigned>(std::clamp<std::size_t>((n + threads - 1) / threads, 1, 16384));
+}
+inline unsigned row_blocks(int rows) { return static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block); }
+
+// Calls f(I{}) with I = std::uint32_t when every flat index of n elements (plus a grid stride)
+// fits in 32 bits, else std::size_t.
+template <class F>
+void index_for(std::size_t n, F&& f) {
+  if (n + std::size_t(16384) * threads < (std::size_t(1) << 32)) f(std::uint32_t{});
+  else f(std::size_t{});
+}
+
+__device__ __forceinline__ std::size_t first() { return std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ std::size_t stride() { return std::size_t(gridDim.x) * blockDim.x; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(full_mask, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(full_mask, v, o));
+  return v;
+}
+// Every thread of the block gets the same value; `shared` holds 32 floats.
+template <bool is_max>
+__device__ float block_reduce(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = is_max ? warp_max(v) : warp_sum(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : (is_max ? -INFINITY : 0.0f);
+  v = is_max ? warp_max(v) : warp_sum(v);
+  __syncthreads();  // shared may be reused at once
+  return v;
+}
+
+// ---- embedding ----------------------------------------------------------------------------------
+// Element-wise kernels take their flat index type I: 32-bit where the tensor fits (GPU integer
+// division is much cheaper in 32 bits), 64-bit otherwise (index_for below).
+template <class I>
+__global__ void embed_forward_kernel(const std::int32_t* tokens, const half_t* wte, const half_t* wpe, float* x, I n,
+                                     I seq, I d) {
+  for (I i = I(first()); i < n; i += I(stride())) {
+    const I r = i / d, j = i % d;
+    x[i] = m::load(wte[std::size_t(tokens[r]) * d + j]) + m::load(wpe[std::size_t(r % seq) * d + j]);
+  }
+}
+// dwte[tok] += the rows of tok in row order (one thread per (distinct token, column)).
+__global__ void embed_backward_tokens_kernel(const std::int32_t* by_row, const std::int32_t* uniq,
+                                             const std::int32_t* offsets, int n_uniq, const float* dx, float* dwte,
+                                             int d) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= d) return;
+  for (int u = blockIdx.y; u < n_uniq; u += gridDim.y) {
+    float* out = dwte + std::size_t(uniq[u]) * d + j;
+    float acc = *out;
+    for (int i = offsets[u]; i < offsets[u + 1]; ++i) acc += dx[std::size_t(by_row[i]) * d + j];
+    *out = acc;
+  }
+}
+__global__ void embed_backward_positions_kernel(const float* dx, float* dwpe, int batch, int seq, int d) {
+  for (std::size_t i = first(); i < std::size_t(seq) * d; i += stride()) {
+    const std::size_t t = i / d, j = i % d;
+    float acc = dwpe[i];
+    for (int b = 0; b < batch; ++b) acc += dx[(std::size_t(b) * seq + t) * d + j];
+    dwpe[i] = acc;
+  }
+}
+
+// ---- layer norm: one warp per row ---------------------------------------------------------------
+// With `branch`: the row is first (branch + branch_bias) + x, stored to `sum` (the residual).
+__global__ void layer_norm_forward_kernel(const float* x, const float* branch, const half_t* branch_bias, float* sum,
+                                          const half_t* gain, const half_t* bias, half_t* y, float* mean_out,
+                                          float* rstd_out, int rows, int d) {
+  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float* xr = x + std::size_t(row) * d;
+  const float* in = xr;
+  if (branch) {
+    const float* br = branch + std::size_t(row) * d;
+    float* sr = sum + std::size_t(row) * d;
+    for (int j = lane; j < d; j += 32) sr[j] = (br[j] + m::load(branch_bias[j])) + xr[j];
+    in = sr;  // read back by the lane that wrote it
+  }
+  float s = 0;
+  for (int j = lane; j < d; j += 32) s += in[j];
+  const float mean = warp_sum(s) / float(d);
+  float ssd = 0;
+  for (int j = lane; j < d; j += 32) ssd += (in[j] - mean) * (in[j] - mean);
+  const float rstd = m::layer_norm_rstd(warp_sum(ssd), d);
+  half_t* yr = y + std::size_t(row) * d;
+  for (int j = lane; j < d; j += 32)
+    yr[j] = m::store<half_t>(m::layer_norm_out(m::layer_norm_xhat(in[j], mean, rstd), m::load(gain[j]), m::load(bias[j])));
+  if (lane == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+}
+__global__ void layer_norm_backward_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
+                                           const half_t* gain, float* dx, int rows, int d) {
+  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float* dyr = dy + std::size_t(row) * d;
+  const float* xr = x + std::size_t(row) * d;
+  const float mu = mean[row], r = rstd[row];
+  float s1 = 0, s2 = 0;
+  for (int j = lane; j < d; j += 32) {
+    const float dxhat = dyr[j] * m::load(gain[j]);
+    s1 += dxhat;
+    s2 += dxhat * m::layer_norm_xhat(xr[j], mu, r);
+  }
+  const float m1 = warp_sum(s1) / float(d), m2 = warp_sum(s2) / float(d);
+  float* dxr = dx + std::size_t(row) * d;
+  for (int j = lane; j < d; j += 32)
+    dxr[j] += m::layer_norm_dx(dyr[j] * m::load(gain[j]), m::layer_norm_xhat(xr[j], mu, r), r, m1, m2);
+}
+
+// Rows of at most 32 x per_lane elements stay in registers: one read and one write per element
+// (the loop kernels above re-read the row per pass). Same sums in the same order: a lane adds
+// its elements j = lane, lane + 32, ... and +0.0 past the row's end, which changes no sum.
+template <int per_lane>
+__global__ void layer_norm_forward_regs_kernel(const float* x, const float* branch, const half_t* branch_bias,
+                                               float* sum, const half_t* gain, const half_t* bias, half_t* y,
+                                               float* mean_out, float* rstd_out, int rows, int d) {
+  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const std::size_t at = std::size_t(row) * d;
+  float v[per_lane];
+  float s = 0;
+#pragma unroll
+  for (int k = 0; k < per_lane; ++k) {
+    const int j = lane + 32 * k;
+    v[k] = 0.0f;
+    if (j < d) {
+      v[k] = branch ? (branch[at + j] + m::load(branch_bias[j])) + x[at + j] : x[at + j];
+      if (branch) sum[at + j] = v[k];
+    }
+    s += v[k];
+  }
+  const float mean = warp_sum(s) / float(d);
+  float ssd = 0;
+#pragma unroll
+  for (int k = 0; k < per_lane; ++k)
+    if (lane + 32 * k < d) ssd += (v[k] - mean) * (v[k] - mean);
+  const float rstd = m::layer_norm_rstd(warp_sum(ssd), d);
+#pragma unroll
+  for (int k = 0; k < per_lane; ++k) {
+    const int j = lane + 32 * k;
+    if (j < d)
+      y[at + j] = m::store<half_t>(m::layer_norm_out(m::layer_norm_xhat(v[k], mean, rstd), m::load(gain[j]), m::load(bias[j])));
+  }
+  if (lane == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+}
+template <int per_lane>
+__global__ void layer_norm_backward_regs_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
+                                                const half_t* gain, float* dx, int rows, int d) {
+  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const std::size_t at = std::size_t(row) * d;
+  const float mu = mean[row], r = rstd[row];
+  float dxhat[per_lane], xhat[per_lane];
+  float s1 = 0, s2 = 0;
+#pragma unroll
+  for (int k = 0; k < per_lane; ++k) {
+    const int j = lane + 32 * k;
+    dxhat[k] = 0.0f;
+    xhat[k] = 0.0f;
+    if (j < d) {
+      dxhat[k] = dy[at + j] * m::load(gain[j]);
+      xhat[k] = m::layer_norm_xhat(x[at + j], mu, r);
+    }
+    s1 += dxhat[k];
+    s2 += dxhat[k] * xhat[k];
+  }
+  const float m1 = warp_sum(s1) / float(d), m2 = warp_sum(s2) / float(d);
+#pragma unroll
+  for (int k = 0; k < per_lane; ++k) {
+    const int j = lane + 32 * k;
+    if (j < d) dx[at + j] += m::layer_norm_dx(dxhat[k], xhat[k], r, m1, m2);
+  }
+}
+template <int per_lane>
+__global__ void causal_softmax_forward_regs_kernel(const float* s, half_t* p, int rows, int seq, float scale) {
+  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float* sr = s + std::size_t(row) * seq;
+  half_t* pr = p + std::size_t(row) * seq;
+  const int seen = row % seq + 1;
+  float v[per_lane];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < per_lane; ++k) {
+    const int j = lane + 32 * k;
+    v[k] = j < seen ? sr[j] : -INFINITY;
+    mx = fmaxf(mx, v[k]);
+  }
+  mx = warp_max(mx);
+  float sum = 0;
+#pragma unroll
+  for (int k = 0; k < per_lane; ++k) {
+    v[k] = lane + 32 * k < seen ? m::softmax_numerator(v[k], mx, scale) : 0.0f;
+    sum += v[k];
+  }
+  sum = warp_sum(sum);
+#pragma unroll
+  for (int k = 0; k < per_lane; ++k) {
+    const int j = lane + 32 * k;
+    if (j < seq) pr[j] = m::store<half_t>(j < seen ? v[k] / sum : 0.0f);
+  }
+}
+template <int per_lane>
+__global__ void causal_softmax_backward_regs_kernel(const half_t* p, const float* dp, half_t* ds, int rows, int seq,
+                                                    float scale) {
+  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const half_t* pr = p + std::size_t(row) * seq;
+  const float* dpr = dp + std::size_t(row) * seq;
+  const int seen = row % seq + 1;
+  float pv[per_lane], dv[per_lane];
+  float dot = 0;
+#pragma unroll
+  for (int k = 0; k < per_lane; ++k) {
+    const int j = lane + 32 * k;
+    pv[k] = j < seen ? m::load(pr[j]) : 0.0f;
+    dv[k] = j < seen ? dpr[j] : 0.0f;
+    dot += pv[k] * dv[k];
+  }
+  dot = warp_sum(dot);  // every lane has read its p before any lane writes ds (ds may alias p)
+  half_t* dsr = ds + std::size_t(row) * seq;
+#pragma unroll
+  for (int k = 0; k < per_lane; ++k) {
+    const int j = lane + 32 * k;
+    if (j < seq) dsr[j] = m::store<half_t>(j < seen ? m::softmax_grad(pv[k], dv[k], dot, scale) : 0.0f);
+  }
+}
+// Calls f(std::integral_constant<int, per_lane>) with the smallest register row that holds n
+// elements (fewer registers per thread, more warps per SM), or returns false when n > 1024.
+template <class F>
+bool with_register_row(int n, F&& f) {
+  if (n <= 32 * 8) return f(std::integral_constant<int, 8>{}), true;
+  if (n <= 32 * 24) return f(std::integral_constant<int, 24>{}), true;  // GPT-2 small's d_model 768
+  if (n <= 32 * 32) return f(std::integral_constant<int, 32>{}), true;  // its sequence of 1024
+  return false;
+}
+
+// ---- column sums: chunk partials, then the chunks in order ----------------------------------------
+// layer norm's parameter gradients (two sums) when x is given, else one plain column sum of dy.
+__global__ void column_partial_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
+                                      float* partial, int rows, int cols, int chunks) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
+  if (j >= cols) return;
+  const int begin = ch * ops::column_sum_rows_per_chunk;
+  const int end = min(rows, begin + ops::column_sum_rows_per_chunk);
+  float a = 0, b = 0;
+  for (int r = begin; r < end; ++r) {
+    const float v = dy[std::size_t(r) * cols + j];
+    if (x) {
+      a += v * m::layer_norm_xhat(x[std::size_t(r) * cols + j], mean[r], rstd[r]);
+      b += v;
+    } else {
+      a += v;
+    }
+  }
+  partial[std::size_t(ch) * cols + j] = a;
+  if (x) partial[std::size_t(chunks + ch) * cols + j] = b;
+}
+__global__ void column_finish_kernel(const float* partial, float* out0, float* out1, int cols, int chunks) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  float a = 0, b = 0;
+  for (int ch = 0; ch < chunks; ++ch) {
+    a += partial[std::size_t(ch) * cols + j];
+    if (out1) b += partial[std::size_t(chunks + ch) * cols + j];
+  }
+  out0[j] += a;
+  if (out1) out1[j] += b;
+}
+
+// ---- GELU -----------------------------------------------------------------------------------------
+template <class I>
+__global__ void bias_gelu_forward_kernel(float* pre, const half_t* bias, half_t* act, I n, I cols) {
+  for (I i = I(first()); i < n; i += I(stride())) {
+    const float v = pre[i] + m::load(bias[i % cols]);
+    pre[i] = v;
+    act[i] = m::store<half_t>(m::gelu_forward(v));
+  }
+}
+__global__ void gelu_forward_kernel(const float* pre, half_t* act, std::size_t n) {
+  for (std::size_t i = first(); i < n; i += stride()) act[i] = m::store<half_t>(m::gelu_forward(pre[i]));
+}
+__global__ void gelu_backward_kernel(const float* pre, float* d, half_t* d_half, std::size_t n) {
+  for (std::size_t i = first(); i < n; i += stride()) {
+    const float g = m::gelu_backward(pre[i], d[i]);
+    d[i] = g;
+    d_half[i] = m::store<half_t>(g);
+  }
+}
+
+// ---- attention layouts ------------------------------------------------------------------------------
+template <class I>
+__global__ void qkv_bias_permute_kernel(const float* qkv, const half_t* bias, half_t* q, half_t* k, half_t* v,
+                                        m::head_layout hl) {
+  const int d = hl.d_model();
+  const I n = I(hl.batch) * I(hl.seq) * I(3 * d);
+  for (I i = I(first()); i < n; i += I(stride())) {
+    const I r = i / I(3 * d);
+    const int c = int(i % (3 * d)), which = c / d, h = (c % d) / hl.head_dim, e = c % hl.head_dim;
+    const int b = int(r / hl.seq), t = int(r % hl.seq);
+    half_t* dst = which == 0 ? q : which == 1 ? k : v;
+    dst[hl.head_index(b, h, t, e)] = m::store<half_t>(qkv[i] + m::load(bias[c]));
+  }
+}
+// Row-major [N, d] index i <-> [B, H, T, hd]: f(i, head index).
+template <class I, class F>
+__device__ void for_rows_and_heads(const m::head_layout& hl, F&& f) {
+  const int d = hl.d_model();
+  const I n = I(hl.batch) * I(hl.seq) * I(d);
+  for (I i = I(first()); i < n; i += I(stride())) {
+    const I r = i / I(d);
+    const int c = int(i % d);
+    f(i, hl.head_index(int(r / hl.seq), c / hl.head_dim, int(r % hl.seq), c % hl.head_dim));
+  }
+}
+template <class I>
+__global__ void heads_to_rows_kernel(const float* o, half_t* out, m::head_layout hl) {
+  for_rows_and_heads<I>(hl, [&](I i, std::size_t h) { out[i] = m::store<half_t>(o[h]); });
+}
+template <class I>
+__global__ void rows_to_heads_kernel(const float* d_out, half_t* d_o, m::head_layout hl) {
+  for_rows_and_heads<I>(hl, [&](I i, std::size_t h) { d_o[h] = m::store<half_t>(d_out[i]); });
+}
+template <class I>
+__global__ void qkv_grad_to_rows_kernel(const float* dq, const float* dk, const float* dv, float* dqkv,
+                                        half_t* dqkv_half, m::head_layout hl) {
+  const int d = hl.d_model();
+  const I n = I(hl.batch) * I(hl.seq) * I(3 * d);
+  for (I i = I(first()); i < n; i += I(stride())) {
+    const I r = i / I(3 * d);
+    const int c = int(i % (3 * d)), which = c / d, h = (c % d) / hl.head_dim, e = c % hl.head_dim;
+    const float* src = which == 0 ? dq : which == 1 ? dk : dv;
+    const float g = src[hl.head_index(int(r / hl.seq), h, int(r % hl.seq), e)];
+    dqkv[i] = g;
+    dqkv_half[i] = m::store<half_t>(g);
+  }
+}
+
+// ---- causal softmax: one warp per row of [B*H*T, T]; row r is query t = r % T --------------------------
+__global__ void causal_softmax_forward_kernel(const float* s, half_t* p, int rows, int seq, float scale) {
+  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float* sr = s + std::size_t(row) * seq;
+  half_t* pr = p + std::size_t(row) * seq;
+  const int seen = row % seq + 1;
+  float mx = -INFINITY;
+  for (int j = lane; j < seen; j += 32) mx = fmaxf(mx, sr[j]);
+  mx = warp_max(mx);
+  float sum = 0;
+  for (int j = lane; j < seen; j += 32) sum += m::softmax_numerator(sr[j], mx, scale);
+  sum = warp_sum(sum);
+  for (int j = lane; j < seq; j += 32)
+    pr[j] = m::store<half_t>(j < seen ? m::softmax_numerator(sr[j], mx, scale) / sum : 0.0f);
+}
+__global__ void causal_softmax_backward_kernel(const half_t* p, const float* dp, half_t* ds, int rows, int seq,
+                                               float scale) {
+  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const half_t* pr = p + std::size_t(row) * seq;
+  const float* dpr = dp + std::size_t(row) * seq;
+  const int seen = row % seq + 1;
+  float dot = 0;
+  for (int j = lane; j < seen; j += 32) dot += m::load(pr[j]) * dpr[j];
+  dot = warp_sum(dot);  // every lane has read its p before any lane writes ds (ds may alias p)
+  half_t* dsr = ds + std::size_t(row) * seq;
+  for (int j = lane; j < seq; j += 32)
+    dsr[j] = m::store<half_t>(j < seen ? m::softmax_grad(m::load(pr[j]), dpr[j], dot, scale) : 0.0f);
+}
+
+// ---- residual, casts, loss ----------------------------------------------------------------------------
+template <class I>
+__global__ void residual_add_kernel(const float* x, const float* branch, const half_t* bias, float* out, I n, I cols) {
+  for (I i = I(first()); i < n; i += I(stride())) out[i] = (branch[i] + m::load(bias[i % cols])) + x[i];
+}
+__global__ void to_half_kernel(const float* src, half_t* dst, std::size_t n) {
+  for (std::size_t i = first(); i < n; i += stride()) dst[i] = m::store<half_t>(src[i]);
+}
+// One block per row of logits.
+__global__ void cross_entropy_kernel(const float* logits, const std::int32_t* targets, float* row_loss,
+                                     half_t* dlogits, float w, int vocab) {
+  __shared__ float shared[32];
+  const std::size_t row = blockIdx.x;
+  const float* l = logits + row * vocab;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = block_reduce<true>(mx, shared);
+  float sum = 0;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(l[j] - mx);
+  sum = block_reduce<false>(sum, shared);
+  const int target = targets[row];
+  if (threadIdx.x == 0) row_loss[row] = m::cross_entropy_loss(sum, mx, l[target]);
+  if (!dlogits) return;
+  half_t* g = dlogits + row * vocab;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x)
+    g[j] = m::store<half_t>(m::cross_entropy_grad(l[j], mx, sum, w, j == target));
+}
+
+__global__ void fill_pattern_kernel(half_t* x, std::size_t n) {
+  for (std::size_t i = first(); i < n; i += stride())
+    x[i] = m::store<half_t>(float(int((i * 2654435761u) % 2001u) - 1000) * 1e-3f);
+}
+
+}  // namespace gpt::cuda::kernels

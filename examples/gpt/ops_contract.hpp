@@ -1,0 +1,70 @@
+#pragma once
+// The operations the backend-generic GPT (ops_model.hpp) is written in, and the one matmul
+// helper it uses. Two implementations: host_ops.hpp (plain loops on the CPU; CI runs the whole
+// model through it) and cuda/cuda_ops.hpp (the project's kernels and cuBLAS on a GPU). Every
+// pointer is in the implementation's memory (host or device); `half_t` is the storage type of
+// matmul operands (bf16 on the GPU; float or bf16 on the host), everything else is f32.
+//
+// A conforming Ops provides (n, rows, cols, ... are element counts; "+=" accumulates):
+//   using half_t;
+//   void* allocate(std::size_t bytes); void deallocate(void*) noexcept;
+//   void zero(void* p, std::size_t bytes);
+//   void upload(void* dst, const void* host_src, std::size_t bytes);     // ordered before later ops
+//   void download(void* host_dst, const void* src, std::size_t bytes);   // complete on return
+//   gemm(transa, transb, m, n, k, A, lda, strideA, B, ldb, strideB, C, ldc, strideC, batch, beta):
+//     cuBLAS's column-major contract with alpha = 1: C_i = op(A_i) op(B_i) + beta C_i for each
+//     of `batch` matrices i (A_i = A + i strideA, ...); A, B half_t, C float, f32 accumulation.
+//   embed_forward(tokens, wte, wpe, x, batch, seq, d)                      x = wte[tok] + wpe[t]
+//   embed_backward(tokens_by_row, uniq, offsets, n_uniq, dx, dwte, dwpe, batch, seq, d)
+//   layer_norm_forward(x, gain, bias, y, mean, rstd, rows, d)              y half_t
+//   residual_layer_norm_forward(x, branch, branch_bias, sum, gain, bias, y, mean, rstd, rows, d)
+//                                                                          sum = (branch + b) + x, then LN
+//   layer_norm_backward(dy, x, mean, rstd, gain, dx, rows, d)              dx += LN'(dy)
+//   layer_norm_param_grad(dy, x, mean, rstd, dgain, dbias, rows, d)        column sums, +=
+//   bias_grad(dy, dbias, rows, cols)                                       dbias += column sums
+//   bias_gelu_forward(pre, bias, act, rows, cols)                          pre += bias; act = gelu(pre)
+//   gelu_forward(pre, act, n)                                              act = gelu(pre)
+//   gelu_backward(pre, d, d_half, n)                                       d = d gelu'(pre); d_half = d
+//   qkv_bias_permute(qkv, bias, q, k, v, layout)                           [N, 3d] + b -> 3 x [B, H, T, hd]
+//   causal_softmax_forward(scores, p, rows_of_t, seq, scale)               [BH, T, T] f32 -> half_t
+//   causal_softmax_backward(p, dp, ds, rows_of_t, seq, scale)              ds may alias p
+//   heads_to_rows(o, out, layout)                                          [B, H, T, hd] f32 -> [N, d] half_t
+//   rows_to_heads(d_out, d_o, layout)                                      [N, d] f32 -> [B, H, T, hd] half_t
+//   qkv_grad_to_rows(dq, dk, dv, dqkv, dqkv_half, layout)                  3 x [B, H, T, hd] -> [N, 3d]
+//   residual_add(x, branch, bias, out, rows, cols)                         out = (branch + b) + x
+//   to_half(src, dst, n)
+//   cross_entropy(logits, targets, row_loss, dlogits, grad_weight, rows, vocab)   dlogits null: loss only
+// The column sums in layer_norm_param_grad and bias_grad take a scratch of
+// column_sum_scratch_floats(rows, cols) floats from `col_scratch` (set by the model).
+#include <cstddef>
+
+namespace gpt::ops {
+
+// Row-major C[M, N] (row stride N) = op(A) op(B) + beta C, with op(A) [M, K] and op(B) [K, N]:
+// A is stored [M, K] (ta false) or [K, M] (ta true), B [K, N] or [N, K], each row-major. On
+// cuBLAS's column-major contract a row-major matrix is its transpose, so C^T = op(B)^T op(A)^T:
+// the operands swap, and each keeps its own transpose flag and row length as leading dimension.
+struct batch_strides {
+  long long a = 0, b = 0, c = 0;
+  int count = 1;
+};
+
+template <class Ops, class H>
+void matmul(Ops& o, int M, int N, int K, const H* A, bool ta, const H* B, bool tb, float* C, float beta,
+            batch_strides s = {}) {
+  const int lda = ta ? M : K, ldb = tb ? K : N;
+  o.gemm(tb, ta, N, M, K, B, ldb, s.b, A, lda, s.a, C, N, s.c, s.count, beta);
+}
+
+// The column-sum kernels reduce `rows` in chunks of this many rows, then the chunks in order
+// (deterministic, and enough blocks to fill a GPU when there are few columns).
+inline constexpr int column_sum_rows_per_chunk = 128;
+inline std::size_t column_sum_chunks(int rows) {
+  return (static_cast<std::size_t>(rows) + column_sum_rows_per_chunk - 1) / column_sum_rows_per_chunk;
+}
+// Two outputs (layer norm's gain and bias) of `cols` per chunk.
+inline std::size_t column_sum_scratch_floats(int rows, int cols) {
+  return 2 * column_sum_chunks(rows) * static_cast<std::size_t>(cols);
+}
+
+}  // namespace gpt::ops

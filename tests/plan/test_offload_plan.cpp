@@ -1,0 +1,220 @@
+// The planner with the tiers beyond the device (issue 29, plan/offload_terms.hpp): parameters in
+// host memory, optimizer state in host memory or on NVMe. Against the phantom run of the same
+// schedule (the real engine and host_adam, accounting only) the plan is exact when max_live_numel
+// does not bind: every device, host and NVMe category to the byte, and the bytes a step moves
+// between the tiers; it stays an upper bound when it binds. Against a host-backend run on thread
+// ranks with real NVMe files, the host and NVMe ledgers and the moved bytes are exact as well.
+#include <doctest/doctest.h>
+
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../checkpoint/test_dir.hpp"
+#include "zshard/backend/host_backend.hpp"
+#include "zshard/comm/thread_comm.hpp"
+#include "zshard/offload/host_adam.hpp"
+#include "zshard/plan/memory_plan.hpp"
+#include "zshard/plan/phantom_run.hpp"
+#include "zshard/plan/plan_table.hpp"
+#include "zshard/plan/schedule_builder.hpp"
+
+using namespace zshard;
+using namespace zshard::plan;
+
+namespace {
+
+struct host_policies : default_policies {
+  using offloader = offload::host_adam;
+};
+
+// embed tied with head, two checkpointed blocks (one used twice) under their parents, a frozen
+// norm, two micro-batches, then a no-grad evaluation pass, a gather_param and an export.
+struct small_model {
+  model_spec spec;
+  module_id embed, head, blocks[2], attn[2], mlp[2];
+  small_model() {
+    const param_id e = spec.add_param("embed.w", {50, 24});
+    embed = spec.add_module("embed", {e});
+    for (int b = 0; b < 2; ++b) {
+      const std::string n = "block" + std::to_string(b);
+      const param_id norm = spec.add_param(n + ".norm", {24}, {.decay = false});
+      const param_id q = spec.add_param(n + ".q", {24, 24}), o = spec.add_param(n + ".o", {24, 24});
+      const param_id up = spec.add_param(n + ".up", {24, 64}, {.type = dtype::f32});
+      const param_id down = spec.add_param(n + ".down", {64, 24});
+      blocks[b] = spec.add_module(n, {norm});
+      attn[b] = spec.add_module(n + ".attn", {q, o});
+      mlp[b] = spec.add_module(n + ".mlp", {up, down});
+    }
+    const param_id hn = spec.add_param("head.norm", {24}, {.trainable = false, .decay = false});
+    head = spec.add_module("head", {hn, e});
+  }
+  std::vector<segment> segments() const {
+    std::vector<segment> s{{{embed}, 800, 0, false, {}}};
+    for (int b : {0, 1, 1}) s.push_back({{attn[b], mlp[b]}, 400, 3000, true, blocks[b]});
+    s.push_back({{head}, 2000, 0, false, {}});
+    return s;
+  }
+  // Every step the same program, so that the bytes moved by the run's last step are the plan's
+  // (the steady state).
+  training_schedule schedule() const {
+    program_builder step("train+eval");
+    for (int i = 0; i < 2; ++i) step.micro_batch(segments());
+    step.no_grad_pass({embed, attn[0], mlp[0], attn[1], mlp[1], head}, 5000).gather_param(0).export_params();
+    return training_schedule{{step.build()}};
+  }
+};
+
+struct tiers {
+  offload_tier params, state;
+  std::string name() const {
+    return "parameters on " + std::string(to_string(params)) + ", optimizer state on " + std::string(to_string(state));
+  }
+};
+
+engine_config config(std::size_t max_live, tiers t, const std::string& nvme_dir) {
+  engine_config cfg;
+  cfg.param_dtype = dtype::bf16;
+  cfg.partition.persistence_threshold_numel = 24;
+  cfg.prefetch.prefetch_numel = 2500;
+  cfg.prefetch.max_live_numel = max_live;
+  cfg.prefetch.max_reuse_distance = 600;
+  cfg.reduce.reduce_bucket_numel = 1500;
+  cfg.offload.host_threads = 1;
+  cfg.offload.params = t.params;
+  cfg.offload.optimizer_state = t.state;
+  cfg.offload.nvme_path = nvme_dir;
+  cfg.offload.nvme_chunk_numel = 1024;
+  cfg.offload.nvme_buffer_count = 3;
+  cfg.log = [](const std::string&) {};
+  return cfg;
+}
+
+void check_ledger_equal(const memory_ledger& run, const ledger_plan& plan, const char* which) {
+  INFO(which);
+  for (std::size_t c = 0; c < mem_category_count; ++c) {
+    INFO(to_string(mem_category(c)));
+    CHECK(run.peak(mem_category(c)) == plan.peak[c]);
+  }
+  CHECK(run.total_peak() == plan.total_peak);
+}
+
+const tiers all_tiers[] = {{offload_tier::host, offload_tier::host},
+                           {offload_tier::device, offload_tier::nvme},
+                           {offload_tier::host, offload_tier::nvme}};
+
+}  // namespace
+
+TEST_CASE("offload plan equals the phantom run to the byte: device, host and NVMe ledgers, bytes moved") {
+  const small_model model;
+  const training_schedule schedule = model.schedule();
+  for (const tiers t : all_tiers) {
+    for (int world : {1, 3, 8}) {
+      const engine_config cfg = config(100'000, t, "/nonexistent (phantom runs create no file)");
+      const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
+                                           {.optimizer = optimizer_location::host, .initialization = false});
+      const phantom_result run = run_phantom<host_policies>(model.spec, cfg, world, schedule, 6);
+      std::ostringstream table;
+      print_plan(table, plan, &run.peak_step(), run.host ? &*run.host : nullptr, run.nvme ? &*run.nvme : nullptr);
+      INFO(t.name() << ", world " << world << "\n" << table.str());
+      memory_ledger device = run.after_construction;  // the whole run's peaks, category by category
+      for (const auto& s : run.steps)
+        for (std::size_t c = 0; c < mem_category_count; ++c) CHECK(s.peak(mem_category(c)) <= plan.device.peak[c]);
+      std::size_t peak = run.peak(), scratch = 0, gathered = 0, sharded = 0;
+      for (const auto& s : run.steps) {
+        scratch = std::max(scratch, s.peak(mem_category::scratch));
+        gathered = std::max(gathered, s.peak(mem_category::gathered_params));
+        sharded = std::max(sharded, s.peak(mem_category::sharded_params));
+      }
+      CHECK(peak == plan.device.total_peak);
+      CHECK(scratch == plan.device.peak_of(mem_category::scratch));
+      CHECK(gathered == plan.device.peak_of(mem_category::gathered_params));
+      CHECK(sharded == plan.device.peak_of(mem_category::sharded_params));
+      REQUIRE(run.host);
+      check_ledger_equal(*run.host, plan.host, "host");
+      if (t.state == offload_tier::nvme) {
+        REQUIRE(run.nvme);
+        check_ledger_equal(*run.nvme, plan.nvme, "nvme");
+        CHECK(plan.nvme.total_peak > 0);
+      } else {
+        CHECK(!run.nvme);
+        CHECK(plan.nvme.total_peak == 0);
+      }
+      CHECK(run.moved_per_step == plan.moved);  // the steady state
+      CHECK(plan.moved.to_host > 0);
+      CHECK((plan.moved.to_device > 0));
+      CHECK((plan.moved.disk_read > 0) == (t.state == offload_tier::nvme));
+      if (t.params == offload_tier::host) {
+        CHECK(plan.host.peak_of(mem_category::sharded_params) > 0);
+        CHECK(plan.device.peak_of(mem_category::sharded_params) < plan.host.peak_of(mem_category::sharded_params));
+      }
+    }
+  }
+}
+
+TEST_CASE("offload plan bounds the phantom run when max_live_numel binds") {
+  const small_model model;
+  const training_schedule schedule = model.schedule();
+  for (const tiers t : all_tiers) {
+    for (int world : {1, 3}) {
+      INFO(t.name() << ", world " << world);
+      const engine_config cfg = config(4'500, t, "/phantom");
+      const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
+                                           {.optimizer = optimizer_location::host, .initialization = false});
+      const phantom_result run = run_phantom<host_policies>(model.spec, cfg, world, schedule, 6);
+      for (const auto& s : run.steps)
+        for (std::size_t c = 0; c < mem_category_count; ++c) CHECK(s.peak(mem_category(c)) <= plan.device.peak[c]);
+      CHECK(run.peak() <= plan.device.total_peak);
+      check_ledger_equal(*run.host, plan.host, "host");
+    }
+  }
+}
+
+TEST_CASE("offload plan against a host-backend run with real NVMe files: host and NVMe ledgers and bytes moved exact") {
+  ckpt_test::temp_dir dir;
+  const small_model model;
+  const training_schedule schedule = model.schedule();
+  for (const tiers t : all_tiers) {
+    for (int world : {1, 3}) {
+      INFO(t.name() << ", world " << world);
+      const engine_config cfg = config(100'000, t, dir.path());
+      const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
+                                           {.optimizer = optimizer_location::host, .backend_memory_is_host = true});
+      std::mutex mu;
+      run_ranks(world, [&](thread_comm& comm) {
+        host_backend backend;
+        engine<host_backend, thread_comm, host_policies> eng(backend, comm, model.spec, cfg);
+        tier_traffic before{};
+        for (int s = 0; s < 6; ++s) {
+          before = eng.offloader().traffic();
+          run_program(eng, schedule.cycle[std::size_t(s) % schedule.cycle.size()]);
+        }
+        const tier_traffic last = eng.offloader().traffic() - before;
+        std::lock_guard lock(mu);
+        CHECK(backend.ledger().total_peak() <= plan.device.total_peak);
+        for (std::size_t c = 0; c < mem_category_count; ++c)
+          CHECK(backend.ledger().peak(mem_category(c)) <= plan.device.peak[c]);
+        check_ledger_equal(eng.offloader().state_ledger(), plan.host, "host");
+        if (const auto* n = eng.offloader().nvme()) check_ledger_equal(n->ledger(), plan.nvme, "nvme");
+        CHECK(last == plan.moved);
+        CHECK(last.to_host == 0);  // host memory: gradients stay where they are
+      });
+    }
+  }
+}
+
+TEST_CASE("offload plan refuses what the engine refuses, with the same words") {
+  const small_model model;
+  for (const tiers t :
+       {tiers{offload_tier::host, offload_tier::host}, tiers{offload_tier::device, offload_tier::nvme}}) {
+    engine_config cfg = config(100'000, t, "/x");
+    bool thrown = false;
+    try {
+      (void)plan_memory(model.spec, cfg, 2, model.schedule(), {.optimizer = optimizer_location::device});
+    } catch (const error& e) {
+      thrown = std::string(e.what()).find("with offload::on_device") != std::string::npos;
+    }
+    CHECK(thrown);
+  }
+}
