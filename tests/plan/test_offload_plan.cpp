@@ -30,7 +30,7 @@ struct host_policies : default_policies {
 };
 
 // embed tied with head, two checkpointed blocks (one used twice) under their parents, a frozen
-// norm, two micro-batches, then a no-grad evaluation pass, a gather_param and an export.
+// norm (never unfrozen: the plans say so, frozen_params_stay_frozen, and are exact), two micro-batches, then a no-grad evaluation pass, a gather_param and an export.
 struct small_model {
   model_spec spec;
   module_id embed, head, blocks[2], attn[2], mlp[2];
@@ -113,7 +113,9 @@ TEST_CASE("offload plan equals the phantom run to the byte: device, host and NVM
     for (int world : {1, 3, 8}) {
       const engine_config cfg = config(100'000, t, "/nonexistent (phantom runs create no file)");
       const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
-                                           {.optimizer = optimizer_location::host, .initialization = false});
+                                           {.optimizer = optimizer_location::host,
+                                            .initialization = false,
+                                            .frozen_params_stay_frozen = true});
       const phantom_result run = run_phantom<host_policies>(model.spec, cfg, world, schedule, 6);
       std::ostringstream table;
       print_plan(table, plan, &run.peak_step(), run.host ? &*run.host : nullptr, run.nvme ? &*run.nvme : nullptr);
@@ -161,7 +163,9 @@ TEST_CASE("offload plan bounds the phantom run when max_live_numel binds") {
       INFO(t.name() << ", world " << world);
       const engine_config cfg = config(4'500, t, "/phantom");
       const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
-                                           {.optimizer = optimizer_location::host, .initialization = false});
+                                           {.optimizer = optimizer_location::host,
+                                            .initialization = false,
+                                            .frozen_params_stay_frozen = true});
       const phantom_result run = run_phantom<host_policies>(model.spec, cfg, world, schedule, 6);
       for (const auto& s : run.steps)
         for (std::size_t c = 0; c < mem_category_count; ++c) CHECK(s.peak(mem_category(c)) <= plan.device.peak[c]);
@@ -180,7 +184,9 @@ TEST_CASE("offload plan against a host-backend run with real NVMe files: host an
       INFO(t.name() << ", world " << world);
       const engine_config cfg = config(100'000, t, dir.path());
       const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
-                                           {.optimizer = optimizer_location::host, .backend_memory_is_host = true});
+                                           {.optimizer = optimizer_location::host,
+                                            .backend_memory_is_host = true,
+                                            .frozen_params_stay_frozen = true});
       std::mutex mu;
       run_ranks(world, [&](thread_comm& comm) {
         host_backend backend;
