@@ -23,7 +23,7 @@ using namespace std::chrono_literals;
 namespace {
 
 // A checkpoint of 2 ranks after one step; returns its directory.
-std::string make_checkpoint(const std::string& dir) {
+std::string faulted_checkpoint(const std::string& dir) {
   on_ranks(2, engine_options(), [&](auto& eng, const toy::ids& id) {
     train_steps(eng, id, toy::config{}, 0, 1);
     ck::save(eng, dir);
@@ -42,7 +42,7 @@ struct plain_chunk {  // the Staging read_pieces takes
 
 TEST_CASE("a rank file truncated after it was opened is an error naming it, never a SIGBUS") {
   temp_dir dir;
-  const std::string c = make_checkpoint(dir.path());
+  const std::string c = faulted_checkpoint(dir.path());
   const ck::manifest m = ck::manifest::parse(ck::read_small_file(c + "/manifest.json"), "manifest.json");
   const std::string f0 = c + "/rank-00000.safetensors", copy = dir / "copy";
   fs::copy_file(f0, copy);
@@ -74,7 +74,7 @@ TEST_CASE("a rank file truncated after it was opened is an error naming it, neve
 
 TEST_CASE("a rank file truncated in the middle of a load or an export: every rank fails alike, naming it") {
   temp_dir dir;
-  const std::string c = make_checkpoint(dir.path());
+  const std::string c = faulted_checkpoint(dir.path());
   const std::string f1 = c + "/rank-00001.safetensors", copy = dir / "copy";
   fs::copy_file(f1, copy);
   // truncated at the first read of tensor data (the header is read at offsets 0 and 8)

@@ -26,7 +26,7 @@ zshard::engine_config scaled_options(zshard::log_sink log = [](const std::string
 }
 
 // 3 steps (the loss scale grows once) at world 2, saved; the state at the save.
-full_state make_checkpoint(const std::string& dir) {
+full_state checksummed_checkpoint(const std::string& dir) {
   return on_ranks(2, scaled_options(), [&](auto& eng, const toy::ids& id) {
     train_steps(eng, id, toy::config{}, 0, 3);
     eng.set_lr(3e-3f);
@@ -39,7 +39,7 @@ std::string manifest_path(const std::string& dir) { return ck::resolve_checkpoin
 
 // Loads `dir` at world 2 into a trained engine; every rank's error (they must agree), the engine
 // untouched.
-std::string failed_load(const std::string& dir) {
+std::string checksum_failed_load(const std::string& dir) {
   std::mutex mu;
   std::vector<std::string> errors;
   on_ranks(2, scaled_options(), [&](auto& eng, const toy::ids& id) {
@@ -65,7 +65,7 @@ std::string failed_load(const std::string& dir) {
 
 TEST_CASE("manifest checksum: every single-byte change anywhere in manifest.json is refused by the parser") {
   temp_dir dir;
-  make_checkpoint(dir.path());
+  checksummed_checkpoint(dir.path());
   const std::string path = manifest_path(dir.path());
   const std::string text = ck::read_small_file(path);
   REQUIRE_NOTHROW(ck::manifest::parse(text, path));
@@ -98,7 +98,7 @@ TEST_CASE("manifest checksum: every single-byte change anywhere in manifest.json
 
 TEST_CASE("manifest checksum: a changed digit of the run state is refused on every rank, the engine untouched") {
   temp_dir dir;
-  make_checkpoint(dir.path());
+  checksummed_checkpoint(dir.path());
   const std::string path = manifest_path(dir.path());
   const std::string good = ck::read_small_file(path);
   // the first digit of each value (one that a load's range checks cannot tell from a real one)
@@ -110,7 +110,7 @@ TEST_CASE("manifest checksum: a changed digit of the run state is refused on eve
     at = m.find_first_of("0123456789", at + key.size());
     m[at] = m[at] == '1' ? '2' : '1';
     ck::write_small_file(path, m);
-    const std::string e = failed_load(dir.path());
+    const std::string e = checksum_failed_load(dir.path());
     CHECK(e.find("manifest.json' fails its checksum") != std::string::npos);
   }
   ck::write_small_file(path, good);
@@ -124,7 +124,7 @@ TEST_CASE("manifest checksum: a changed digit of the run state is refused on eve
 
 TEST_CASE("manifest checksum: a version 2 manifest still loads and the log says it has none; version 3 needs it") {
   temp_dir dir;
-  const full_state saved = make_checkpoint(dir.path());
+  const full_state saved = checksummed_checkpoint(dir.path());
   const std::string path = manifest_path(dir.path());
   const std::string good = ck::read_small_file(path);
   // the file is JSON as it was, with one more field, last
@@ -135,7 +135,7 @@ TEST_CASE("manifest checksum: a version 2 manifest still loads and the log says 
   j.erase("manifest_crc32c");
   // what a version 3 save would be without it: refused
   ck::write_small_file(path, j.dump(1));
-  CHECK(failed_load(dir.path()).find("format version 3 without \"manifest_crc32c\"") != std::string::npos);
+  CHECK(checksum_failed_load(dir.path()).find("format version 3 without \"manifest_crc32c\"") != std::string::npos);
   // what zshard wrote before format 3: loads, bit for bit, and says what it lacks
   j["version"] = 2;
   ck::write_small_file(path, j.dump(1));
@@ -160,5 +160,5 @@ TEST_CASE("manifest checksum: a version 2 manifest still loads and the log says 
   std::string v2 = good;
   v2.replace(v2.find("\"version\": 3"), 12, "\"version\": 2");
   ck::write_small_file(path, v2);
-  CHECK(failed_load(dir.path()).find("fails its checksum") != std::string::npos);
+  CHECK(checksum_failed_load(dir.path()).find("fails its checksum") != std::string::npos);
 }

@@ -30,16 +30,16 @@ using namespace zshard;
 
 namespace {
 
-struct host_policies : default_policies {
+struct nvme_policies : default_policies {
   using offloader = offload::host_adam;
 };
 
-struct device_like_backend : host_backend {
+struct nvme_device_backend : host_backend {
   using host_backend::host_backend;
   static constexpr bool memory_is_host = false;
 };
 
-toy::train_options options(int world, dtype t) {
+toy::train_options nvme_options(int world, dtype t) {
   toy::train_options o = toy::base_options(world);
   o.engine.param_dtype = t;
   o.engine.offload.host_threads = 2;
@@ -56,7 +56,7 @@ void use_nvme(toy::train_options& o, const std::string& dir, std::size_t chunk, 
   o.engine.offload.nvme_buffer_count = buffers;
 }
 
-struct run_result {
+struct nvme_run_result {
   toy::train_result train;
   std::size_t host_optimizer = 0, nvme_bytes = 0, file_bytes = 0, chunk_bytes = 0, chunks = 0, flat_numel = 0;
   std::uint64_t read = 0, written = 0;
@@ -66,13 +66,13 @@ struct run_result {
 };
 
 template <class Backend = host_backend>
-run_result train(const toy::train_options& o) {
-  run_result r;
+nvme_run_result nvme_train(const toy::train_options& o) {
+  nvme_run_result r;
   std::mutex mu;
   run_ranks(o.world, [&](thread_comm& comm) {
     Backend backend;
     toy::ids id;
-    engine<Backend, thread_comm, host_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
+    engine<Backend, thread_comm, nvme_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
     toy::train_checkpointed_rank(eng, comm.rank(), o, mu, r.train);
     if (comm.rank() != 0) return;
     std::lock_guard lock(mu);
@@ -94,7 +94,7 @@ run_result train(const toy::train_options& o) {
   return r;
 }
 
-void check_bitwise(const toy::train_result& got, const toy::train_result& want, const std::string& what) {
+void nvme_check_bitwise(const toy::train_result& got, const toy::train_result& want, const std::string& what) {
   INFO(what);
   REQUIRE(got.params.size() == want.params.size());
   for (std::size_t p = 0; p < got.params.size(); ++p) {
@@ -137,11 +137,11 @@ TEST_CASE(
   for (int world = 1; world <= 4; ++world) {
     for (dtype t : {dtype::f32, dtype::bf16}) {
       const std::string what = "world " + std::to_string(world) + ", " + std::string(to_string(t));
-      auto o = options(world, t);
-      const auto want = train(o);
+      auto o = nvme_options(world, t);
+      const auto want = nvme_train(o);
       use_nvme(o, dir.path(), 1024, world == 2 ? 3 : 4);  // several chunks of 1024 per rank
-      const auto got = train(o);
-      check_bitwise(got.train, want.train, what);
+      const auto got = nvme_train(o);
+      nvme_check_bitwise(got.train, want.train, what);
       INFO(what);
       // the file: two slots of whole chunks, there while the engine is, gone after it
       CHECK(got.chunks == (got.flat_numel + 1023) / 1024);
@@ -165,23 +165,23 @@ TEST_CASE(
 TEST_CASE("NVMe optimizer state with parameters offloaded too, and through the device staging path") {
   ckpt_test::temp_dir dir;
   for (int world : {1, 3}) {
-    auto o = options(world, dtype::bf16);
+    auto o = nvme_options(world, dtype::bf16);
     o.engine.offload.host_tile_numel = 32;
     o.engine.offload.host_staging_numel = 64;
-    const auto want = train<device_like_backend>(o);
+    const auto want = nvme_train<nvme_device_backend>(o);
     use_nvme(o, dir.path(), 1024, 3);
-    check_bitwise(train<device_like_backend>(o).train, want.train, "device path, world " + std::to_string(world));
+    nvme_check_bitwise(nvme_train<nvme_device_backend>(o).train, want.train, "device path, world " + std::to_string(world));
     o.engine.offload.params = offload_tier::host;
-    check_bitwise(train<device_like_backend>(o).train, want.train,
+    nvme_check_bitwise(nvme_train<nvme_device_backend>(o).train, want.train,
                   "device path, parameters offloaded, world " + std::to_string(world));
-    check_bitwise(train<host_backend>(o).train, want.train,
+    nvme_check_bitwise(nvme_train<host_backend>(o).train, want.train,
                   "host, parameters offloaded, world " + std::to_string(world));
   }
 }
 
 TEST_CASE("NVMe tier: a full disk at construction is an error naming the file and the bytes, leaving nothing") {
   ckpt_test::temp_dir dir;
-  auto o = options(1, dtype::f32);
+  auto o = nvme_options(1, dtype::f32);
   use_nvme(o, dir.path(), 1024, 3);
   toy::ids id;
   host_backend backend;
@@ -190,7 +190,7 @@ TEST_CASE("NVMe tier: a full disk at construction is an error naming the file an
   {
     file_size_limit limit(4096);
     try {
-      engine<host_backend, null_comm, host_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
+      engine<host_backend, null_comm, nvme_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
     } catch (const error& e) {
       thrown = true;
       CHECK(e.kind() == error_kind::io);
@@ -208,7 +208,7 @@ TEST_CASE("NVMe tier: a full disk at construction is an error naming the file an
 TEST_CASE("NVMe tier: a write failing in the middle of a step leaves the last step's state, working values and count") {
   ckpt_test::temp_dir dir;
   const int world = 2;
-  auto o = options(world, dtype::bf16);
+  auto o = nvme_options(world, dtype::bf16);
   o.micro_batches = 1;
   use_nvme(o, dir.path(), 1024, 3);
   auto mem = o;
@@ -250,7 +250,7 @@ TEST_CASE("NVMe tier: a write failing in the middle of a step leaves the last st
   run_ranks(world, [&](thread_comm& comm) {
     host_backend backend;
     toy::ids id;
-    engine<host_backend, thread_comm, host_policies> eng(backend, comm, toy::make_spec(mem.model, id), mem.engine);
+    engine<host_backend, thread_comm, nvme_policies> eng(backend, comm, toy::make_spec(mem.model, id), mem.engine);
     for (int s = 0; s < 2; ++s) step_once(eng, s, comm.rank());
     after2[comm.rank()] = read_all(eng);
     step_once(eng, 2, comm.rank());
@@ -262,7 +262,7 @@ TEST_CASE("NVMe tier: a write failing in the middle of a step leaves the last st
   run_ranks(world, [&](thread_comm& comm) {
     host_backend backend;
     toy::ids id;
-    engine<host_backend, thread_comm, host_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
+    engine<host_backend, thread_comm, nvme_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
     const auto* n = eng.offloader().nvme();
     for (int s = 0; s < 2; ++s) step_once(eng, s, comm.rank());
     REQUIRE(n->active_slot() == 0);  // the third step writes slot 1: chunk k at (2k + 1) * chunk_bytes
@@ -312,13 +312,13 @@ TEST_CASE("NVMe tier: a write failing in the middle of a step leaves the last st
 
 TEST_CASE("NVMe tier: a state file cut short under a running engine fails the step with the file and the offset") {
   ckpt_test::temp_dir dir;
-  auto o = options(1, dtype::f32);
+  auto o = nvme_options(1, dtype::f32);
   o.micro_batches = 1;
   use_nvme(o, dir.path(), 1024, 3);
   run_ranks(1, [&](thread_comm& comm) {
     toy::ids id;
     host_backend backend;
-    engine<host_backend, thread_comm, host_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
+    engine<host_backend, thread_comm, nvme_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
     const auto* n = eng.offloader().nvme();
     toy::run_checkpointed_micro_batch(eng, o.model, id, toy::make_batch(o.model.vocab, 0, o.rows));
     eng.step();

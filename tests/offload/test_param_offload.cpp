@@ -23,18 +23,18 @@ using namespace zshard;
 
 namespace {
 
-struct host_policies : default_policies {
+struct param_tier_policies : default_policies {
   using offloader = offload::host_adam;
 };
 
 // A host backend that claims its memory is device memory (as in test_host_adam.cpp): gradients
 // and the working values of device-resident parameters go through host_adam's staging halves.
-struct device_like_backend : host_backend {
+struct param_tier_backend : host_backend {
   using host_backend::host_backend;
   static constexpr bool memory_is_host = false;
 };
 
-struct run_result {
+struct param_tier_result {
   toy::train_result train;
   std::size_t device_sharded = 0, device_scratch_now = 0, device_scratch_peak = 0;
   std::size_t host_sharded = 0;
@@ -53,13 +53,13 @@ toy::train_options options(int world, dtype t) {
 
 // Checkpointed training with a no-grad pass per step (hybrid_training.hpp); rank 0's ledgers.
 template <class Backend>
-run_result train(const toy::train_options& o) {
-  run_result r;
+param_tier_result train(const toy::train_options& o) {
+  param_tier_result r;
   std::mutex mu;
   run_ranks(o.world, [&](thread_comm& comm) {
     Backend backend;
     toy::ids id;
-    engine<Backend, thread_comm, host_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
+    engine<Backend, thread_comm, param_tier_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
     toy::train_checkpointed_rank(eng, comm.rank(), o, mu, r.train);
     if (comm.rank() != 0) return;
     std::lock_guard lock(mu);
@@ -127,9 +127,9 @@ TEST_CASE(
       auto o = options(world, t);
       o.engine.offload.host_tile_numel = 32;
       o.engine.offload.host_staging_numel = 64;  // several rounds for the replicated parameters
-      const auto want = train<device_like_backend>(o);
+      const auto want = train<param_tier_backend>(o);
       o.engine.offload.params = offload_tier::host;
-      const auto got = train<device_like_backend>(o);
+      const auto got = train<param_tier_backend>(o);
       check_bitwise(got.train, want.train, what);
       INFO(what);
       CHECK(got.host_sharded == got.expected_host_sharded);

@@ -31,10 +31,10 @@ struct host_policies : default_policies {
 
 // embed tied with head, two checkpointed blocks (one used twice) under their parents, a frozen
 // norm (never unfrozen: the plans say so, frozen_params_stay_frozen, and are exact), two micro-batches, then a no-grad evaluation pass, a gather_param and an export.
-struct small_model {
+struct offload_model {
   model_spec spec;
   module_id embed, head, blocks[2], attn[2], mlp[2];
-  small_model() {
+  offload_model() {
     const param_id e = spec.add_param("embed.w", {50, 24});
     embed = spec.add_module("embed", {e});
     for (int b = 0; b < 2; ++b) {
@@ -107,7 +107,7 @@ const tiers all_tiers[] = {{offload_tier::host, offload_tier::host},
 }  // namespace
 
 TEST_CASE("offload plan equals the phantom run to the byte: device, host and NVMe ledgers, bytes moved") {
-  const small_model model;
+  const offload_model model;
   const training_schedule schedule = model.schedule();
   for (const tiers t : all_tiers) {
     for (int world : {1, 3, 8}) {
@@ -156,7 +156,7 @@ TEST_CASE("offload plan equals the phantom run to the byte: device, host and NVM
 }
 
 TEST_CASE("offload plan bounds the phantom run when max_live_numel binds") {
-  const small_model model;
+  const offload_model model;
   const training_schedule schedule = model.schedule();
   for (const tiers t : all_tiers) {
     for (int world : {1, 3}) {
@@ -177,7 +177,7 @@ TEST_CASE("offload plan bounds the phantom run when max_live_numel binds") {
 
 TEST_CASE("offload plan against a host-backend run with real NVMe files: host and NVMe ledgers and bytes moved exact") {
   ckpt_test::temp_dir dir;
-  const small_model model;
+  const offload_model model;
   const training_schedule schedule = model.schedule();
   for (const tiers t : all_tiers) {
     for (int world : {1, 3}) {
@@ -211,7 +211,7 @@ TEST_CASE("offload plan against a host-backend run with real NVMe files: host an
 }
 
 TEST_CASE("offload plan refuses what the engine refuses, with the same words") {
-  const small_model model;
+  const offload_model model;
   for (const tiers t :
        {tiers{offload_tier::host, offload_tier::host}, tiers{offload_tier::device, offload_tier::nvme}}) {
     engine_config cfg = config(100'000, t, "/x");
