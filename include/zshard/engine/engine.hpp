@@ -12,6 +12,11 @@
 // The engine owns the sequencing and the checks that bind the policies together; each policy
 // owns one decision (layout, what to keep gathered, when to reduce, where the optimizer runs,
 // which uses count). One engine per rank, used from that rank's thread.
+//
+// The class holds the state and the public calls; the work of the larger ones is in friend
+// helpers beside it: engine_setup.hpp (construction), scope_lifecycle.hpp (scopes),
+// step_boundary.hpp (end_backward, step, discard_gradients), step_counters.hpp, full_state.hpp,
+// shard_state.hpp and training_controls.hpp.
 #include <exception>
 #include <optional>
 #include <span>
