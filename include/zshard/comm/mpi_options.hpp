@@ -1,6 +1,5 @@
 #pragma once
-// The MPI communicator's options (timeout, argument checks, spin) and the helpers its calls
-// share: MPI error strings, element types, the argument header, the polling back-off.
+// The MPI communicator's options and the helpers its calls share (error strings, types, back-off).
 #include <mpi.h>
 
 #include <chrono>

@@ -1,6 +1,5 @@
 #pragma once
-// The NCCL communicator's options (completion, timeout, cancellation) and the small helpers its
-// calls share: dtype and op mapping, the overlap test, the polling back-off, call descriptions.
+// The NCCL communicator's options and the helpers its calls share (types, ops, overlap, back-off).
 #include <nccl.h>
 
 #include <atomic>

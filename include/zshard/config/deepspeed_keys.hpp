@@ -1,6 +1,5 @@
 #pragma once
-// The DeepSpeed config keys that zshard accepts but has no counterpart for, each with the reason
-// (config/deepspeed_config.hpp lists them in notes()).
+// DeepSpeed config keys zshard accepts with no counterpart, each with why (deepspeed_config.hpp notes).
 #include <string_view>
 #include <utility>
 

@@ -1,6 +1,5 @@
 #pragma once
-// What the engine's constructor runs: its argument checks, the rank tag on log lines, the
-// trace's start, and every rank's initial shard values.
+// The engine's construction: argument checks, rank-tagged log, trace start, initial shard values.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -1,6 +1,5 @@
 #pragma once
-// Opening and closing the engine's module scopes: gathers, gradient buffers, reductions on close,
-// the rollback of a failed open and the release of a scope left by an exception.
+// Opening, closing and abandoning the engine's module scopes (gathers, gradient buffers, rollback).
 #include <exception>
 #include <string>
 

@@ -1,6 +1,5 @@
 #pragma once
-// The engine's boundaries of a micro-batch and a step: end_backward(), step() (the optimizer
-// step) and discard_gradients(); the engine's public calls forward here.
+// The engine's micro-batch and step boundaries: end_backward(), step(), discard_gradients().
 #include <cmath>
 #include <cstddef>
 #include <exception>

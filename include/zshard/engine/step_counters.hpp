@@ -1,6 +1,5 @@
 #pragma once
-// Restoring the engine's run counters (step, learning rate, loss scaler) and each parameter's
-// AdamW update count, as a checkpoint load does; the engine's public calls forward here.
+// Restoring the engine's run counters and per-parameter AdamW update counts (checkpoint resume).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

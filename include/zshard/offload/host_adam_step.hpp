@@ -1,7 +1,5 @@
 #pragma once
-// The host Offloader's AdamW step (offload/host_adam.hpp): per-parameter step counts, then the
-// tiles updated in host memory, through the staging halves to the device, or chunk by chunk
-// from the NVMe state files.
+// The host Offloader's AdamW step: tiles updated in host memory, through staging, or from NVMe chunks.
 #include <cstddef>
 #include <cstring>
 

@@ -1,6 +1,5 @@
 #pragma once
-// Names a point of the planner's walk (plan/plan_walk.hpp) for the plan's report: the step, the
-// schedule event and what was charged there.
+// Names a point of the planner's walk (plan/plan_walk.hpp) in words, for the plan's peak report.
 #include <string>
 
 #include "zshard/model/model_spec.hpp"
