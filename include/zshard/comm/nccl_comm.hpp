@@ -53,57 +53,9 @@
 
 #include "zshard/backend/cuda_check.hpp"
 #include "zshard/comm/communicator.hpp"
+#include "zshard/comm/nccl_options.hpp"
 
 namespace zshard {
-
-enum class nccl_completion : std::uint8_t {
-  wait,     // each collective returns once finished on the GPU (simplest; the host waits)
-  enqueue,  // returns once enqueued: order later work by stream; synchronize() before host reads
-};
-
-struct nccl_options {
-  std::chrono::milliseconds timeout{60'000};  // init, collectives, synchronize(), finalize
-  nccl_completion completion = nccl_completion::wait;
-  // When set (run_nccl_ranks sets it when a rank thread fails), a rank waiting on a collective
-  // aborts at once instead of waiting out the timeout.
-  const std::atomic<bool>* cancel = nullptr;
-  // Set to true when this communicator fails or is aborted (run_nccl_ranks points it at the
-  // flag every rank reads as `cancel`), so peers stop waiting for it at once.
-  std::atomic<bool>* report_failure = nullptr;
-};
-
-namespace nccl_detail {
-inline ncclDataType_t type_of(dtype t) noexcept {
-  switch (t) {
-    case dtype::f32: return ncclFloat32;
-    case dtype::bf16: return ncclBfloat16;
-    case dtype::f16: return ncclFloat16;
-  }
-  return ncclFloat32;
-}
-inline ncclRedOp_t op_of(reduce_op op) noexcept {
-  switch (op) {
-    case reduce_op::sum: return ncclSum;
-    case reduce_op::average: return ncclAvg;
-    case reduce_op::max: return ncclMax;
-  }
-  return ncclSum;
-}
-inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
-  const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
-  return a_bytes != 0 && b_bytes != 0 && pa < pb + b_bytes && pb < pa + a_bytes;
-}
-// Busy-poll for the first ~2000 rounds (collectives take microseconds), then sleep briefly.
-inline void back_off(int spins) {
-  if (spins < 2000) std::this_thread::yield();
-  else std::this_thread::sleep_for(std::chrono::microseconds(50));
-}
-inline ncclConfig_t nonblocking_config() noexcept {
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  return config;
-}
-}  // namespace nccl_detail
 
 class nccl_comm {
  public:
@@ -207,7 +159,7 @@ class nccl_comm {
         src != static_cast<const std::byte*>(dst) + block * static_cast<std::size_t>(rank_))
       throw error(error_kind::usage, "all_gather: src overlaps dst other than as dst + rank() * count (in place)");
     if (count == 0) return;
-    enqueued(describe("ncclAllGather", count, t),
+    enqueued(nccl_detail::describe("ncclAllGather", count, t),
              ncclAllGather(src, dst, count, nccl_detail::type_of(t), comm_, stream_of(s)), stream_of(s));
   }
 
@@ -221,7 +173,7 @@ class nccl_comm {
         dst != static_cast<const std::byte*>(src) + block * static_cast<std::size_t>(rank_))
       throw error(error_kind::usage, "reduce_scatter: dst overlaps src other than as src + rank() * count (in place)");
     if (count == 0) return;
-    enqueued(describe("ncclReduceScatter", count, t, op),
+    enqueued(nccl_detail::describe("ncclReduceScatter", count, t, op),
              ncclReduceScatter(src, dst, count, nccl_detail::type_of(t), nccl_detail::op_of(op), comm_, stream_of(s)),
              stream_of(s));
   }
@@ -232,7 +184,7 @@ class nccl_comm {
     if (src != dst && nccl_detail::overlaps(src, bytes, dst, bytes))
       throw error(error_kind::usage, "all_reduce: src and dst overlap without being equal");
     if (count == 0) return;
-    enqueued(describe("ncclAllReduce", count, t, op),
+    enqueued(nccl_detail::describe("ncclAllReduce", count, t, op),
              ncclAllReduce(src, dst, count, nccl_detail::type_of(t), nccl_detail::op_of(op), comm_, stream_of(s)),
              stream_of(s));
   }
@@ -242,7 +194,7 @@ class nccl_comm {
             "broadcast: root " + std::to_string(root) + " is outside a world of size " + std::to_string(size_));
     check_pointers("broadcast", dst, dst, count);
     if (count == 0) return;
-    enqueued(describe("ncclBroadcast", count, t) + " root=" + std::to_string(root),
+    enqueued(nccl_detail::describe("ncclBroadcast", count, t) + " root=" + std::to_string(root),
              ncclBroadcast(dst, dst, count, nccl_detail::type_of(t), root, comm_, stream_of(s)), stream_of(s));
   }
 
@@ -429,14 +381,6 @@ class nccl_comm {
 
   std::string where() const {
     return " on rank " + std::to_string(rank_) + " (device " + std::to_string(device_) + ")";
-  }
-
-  static std::string describe(const char* call, std::size_t count, dtype t) {
-    return std::string(call) + "(count=" + std::to_string(count) + ", " + std::string(to_string(t)) + ")";
-  }
-  static std::string describe(const char* call, std::size_t count, dtype t, reduce_op op) {
-    return std::string(call) + "(count=" + std::to_string(count) + ", " + std::string(to_string(t)) + ", " +
-           std::string(to_string(op)) + ")";
   }
 
   void check_usable(const std::string& what) const {

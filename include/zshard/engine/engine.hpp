@@ -12,9 +12,11 @@
 // The engine owns the sequencing and the checks that bind the policies together; each policy
 // owns one decision (layout, what to keep gathered, when to reduce, where the optimizer runs,
 // which uses count). One engine per rank, used from that rank's thread.
-#include <algorithm>
-#include <cmath>
-#include <cstring>
+//
+// The class holds the state and the public calls; the work of the larger ones is in friend
+// helpers beside it: engine_setup.hpp (construction), scope_lifecycle.hpp (scopes),
+// step_boundary.hpp (end_backward, step, discard_gradients), step_counters.hpp, full_state.hpp,
+// shard_state.hpp and training_controls.hpp.
 #include <exception>
 #include <optional>
 #include <span>
@@ -27,21 +29,24 @@
 #include "zshard/engine/default_policies.hpp"
 #include "zshard/engine/engine_checks.hpp"
 #include "zshard/engine/engine_config.hpp"
+#include "zshard/engine/engine_setup.hpp"
 #include "zshard/engine/full_state.hpp"
 #include "zshard/engine/grad_norm.hpp"
 #include "zshard/engine/hybrid_groups.hpp"
 #include "zshard/engine/module_scope.hpp"
 #include "zshard/engine/open_scopes.hpp"
 #include "zshard/engine/rank_agreement.hpp"
+#include "zshard/engine/scope_lifecycle.hpp"
 #include "zshard/engine/schedule_fingerprint.hpp"
 #include "zshard/engine/settings_check.hpp"
 #include "zshard/engine/shard_state.hpp"
 #include "zshard/engine/residency.hpp"
+#include "zshard/engine/step_boundary.hpp"
+#include "zshard/engine/step_counters.hpp"
 #include "zshard/engine/step_report.hpp"
 #include "zshard/engine/training_controls.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/offloader.hpp"
-#include "zshard/optim/grad_clip.hpp"
 #include "zshard/optim/loss_scaler.hpp"
 #include "zshard/prefetch/prefetcher.hpp"
 #include "zshard/reduce/reducer.hpp"
@@ -101,12 +106,12 @@ class engine {
   engine(Backend& backend, Comm& comm, Comm& reduce_comm, model_spec spec, engine_config cfg,
          std::optional<stream_type> compute = std::nullopt)
       : backend_(backend),
-        spec_(validated(std::move(spec))),
-        cfg_(validated(std::move(cfg), comm.rank())),
-        trace_(start_trace(backend, cfg_, comm.rank())),
+        spec_(setup::validated(std::move(spec))),
+        cfg_(setup::validated(std::move(cfg), comm.rank())),
+        trace_(setup::start_trace(backend, cfg_, comm.rank())),
         hybrid_(hybrid_layout::of(cfg_.hybrid, comm.size())),
         layouts_(engine_checks::make_layouts(partitioner_, spec_, cfg_, hybrid_.group_size)),
-        groups_(backend, comm, checked_reduce_comm(comm, reduce_comm), hybrid_, cfg_.hybrid,
+        groups_(backend, comm, setup::checked_reduce_comm(comm, reduce_comm), hybrid_, cfg_.hybrid,
                 schedule_settings(spec_, cfg_, layouts_, comm.size())),
         comm_(groups_.shard()),
         reduce_comm_(groups_.reduce_shard()),
@@ -129,7 +134,7 @@ class engine {
     scopes_.reset(spec_.modules().size());
     tracker_.reset(spec_);
     prefetcher_.reset(spec_, layouts_, cfg_.prefetch, cfg_.log);
-    initialize_parameters();
+    setup::initialize_parameters(*this);
     publish_shards();
     completed_.reserve(spec_.params().size());
   }
@@ -192,97 +197,13 @@ class engine {
   }
 
   // Ends a micro-batch's backward: sweeps uses whose backward never ran (I3), flushes the
-  // Reducer and releases every non-persistent gathered parameter.
-  void end_backward() {
-    rethrow_if_unusable();
-    ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage,
-                   "end_backward() with " + std::to_string(scopes_.count()) + " module scope(s) still open",
-                   "a scope lives as long as its object: end each backward scope before end_backward(), e.g. "
-                   "`{ auto g = eng.backward(m); ... }`");
-    completed_.clear();
-    const std::size_t swept_before = swept_.size();
-    tracker_.on_end_backward(completed_, swept_);
-    fp_.on_event(schedule_event::end_backward);
-    log_swept(swept_before);
-    {
-      trace_span t(trace_, "reduce", "reduce-scatter (end of backward)");
-      for (param_id p : completed_) ctl_.sync.complete(p, reduce_);
-      ctl_.sync.end_backward(reduce_);  // gradients held by no-sync micro-batches, when sync is on again
-      reducer_.flush(sink_);
-    }
-    engine_checks::no_full_gradient_left(store_, [&](param_id p) { return ctl_.sync.held(p); });  // I7
-    trace_span t(trace_, "release", "release (end of backward)");
-    residency_.end_holds();  // I3: holds end here
-    check(residency_.resident_by_scan() == store_.resident_numel(),
-          "resident elements disagree with the gathered set (I5)");
-    residency_.release_unpinned();
-    check(store_.gathered_set().empty(), "parameters still gathered after end_backward");
-    ++micro_batches_;
-  }
+  // Reducer and releases every non-persistent gathered parameter (engine/step_boundary.hpp).
+  void end_backward() { step_boundary<engine>::end_backward(*this); }
 
   // The optimizer step over all micro-batches since the last one: global gradient norm and
-  // overflow check, clipping, AdamW, new working shards. Every rank decides identically.
-  step_report step() {
-    rethrow_if_unusable();
-    ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage, "step() with module scopes still open");
-    tracker_.on_step();
-    ZSHARD_REQUIRE(micro_batches_ > 0, error_kind::usage, "step() without a backward since the last step",
-                   "run at least one forward/begin_backward/backward/end_backward before step(); end a "
-                   "forward-only pass with end_pass()");
-    ZSHARD_REQUIRE(!ctl_.sync.holding(), error_kind::usage,
-                   "step() with " + std::to_string(ctl_.sync.held_count()) + " gradient(s) held unreduced (sync off)",
-                   "run the last micro-batch before step() with set_gradient_sync(true)");
-    step_report r;
-    r.micro_batches = micro_batches_;
-    r.swept = std::move(swept_);
-    swept_.clear();
-
-    store_.streams().order(stream_role::compute, stream_role::reduce);  // the Offloader reads gradient shards
-    fp_.on_event(schedule_event::step);
-    // Before anything is applied: ranks whose schedules or learning rates differ fail here, on
-    // every rank (I9).
-    global_grad_stats g;
-    try {
-      local_grad_norm local;
-      {
-        trace_span t(trace_, "optimizer", "gradient statistics (this rank's sums; waits for backward)");
-        local = counted_grad_norm();
-      }
-      trace_span t(trace_, "wait", "gradient statistics exchange (waits for every rank)");
-      g = agreement_.at_step(local, fp_, ctl_.groups, step_ + 1);
-    } catch (...) {
-      offloader_.discard_grads();
-      broken_ = std::current_exception();
-      throw;
-    }
-    fp_.start_step();
-    const auto [norm, overflow] = g;
-    const double denom = double(micro_batches_) * double(scaler_.scale());
-    r.grad_norm = norm / denom;
-    if (overflow) {
-      r.skipped = true;
-      r.grad_norm = INFINITY;
-      offloader_.discard_grads();
-    } else {
-      r.clip_coefficient = optim::clip_coefficient(r.grad_norm, cfg_.clip_norm);
-      trace_span t(trace_, "optimizer", "optimizer (AdamW, host copies)");
-      offloader_.update({step_ + 1, lr(), static_cast<float>(r.clip_coefficient / denom), &ctl_.groups});
-      ++step_;  // only once applied: a failed update (an NVMe I/O error) leaves the last completed step's count
-    }
-    publish_shards();
-    scaler_.update(overflow);
-    r.step = step_;
-    r.loss_scale = scaler_.scale();
-    micro_batches_ = 0;
-    ctl_.scopes_since_boundary = 0;
-    prefetcher_.on_step();
-    trace_span t(trace_, "release", "release (step)");
-    residency_.release_unpinned();
-    check(store_.gathered_set().empty() && reducer_.pending_numel() == 0, "step boundary is not clean (I4)");
-    check(residency_.resident_by_scan() == store_.resident_numel(),
-          "resident elements disagree with the gathered set (I5)");
-    return r;
-  }
+  // overflow check, clipping, AdamW, new working shards. Every rank decides identically
+  // (engine/step_boundary.hpp).
+  step_report step() { return step_boundary<engine>::step(*this); }
 
   // ---- forward-only passes and what changes between steps (engine/training_controls.hpp) ------
   // end_pass(): the boundary of a forward-only pass (use_kind::no_grad forwards only).
@@ -356,20 +277,8 @@ class engine {
   // The default group's learning rate (a checkpoint records that one; other groups' rates are the
   // training loop's to set again after a load).
   run_state run_counters() const noexcept { return {step_, lr(), scaler_.state()}; }
-  // Validates all of s before changing anything.
-  void restore_run_counters(const run_state& s) {
-    check_between_steps("restore_run_counters");
-    ZSHARD_REQUIRE(s.step >= 0, error_kind::config, "run state has a negative step count " + std::to_string(s.step));
-    ZSHARD_REQUIRE(std::isfinite(s.lr) && s.lr > 0, error_kind::config,
-                   "run state has learning rate " + std::to_string(s.lr) + ", not positive and finite");
-    optim::loss_scaler scaler = scaler_;
-    scaler.restore(s.scaler);
-    scaler_ = scaler;
-    ctl_.groups.set_lr(0, s.lr);
-    step_ = s.step;
-    // Without per-parameter counts (restore_update_counts), every parameter continues from the step.
-    if constexpr (requires { offloader_.set_update_counts(s.step); }) offloader_.set_update_counts(s.step);
-  }
+  // Validates all of s before changing anything (engine/step_counters.hpp).
+  void restore_run_counters(const run_state& s) { step_counters<engine>::restore_run_counters(*this, s); }
   // Each parameter's own AdamW update count, by param_id (a parameter without a gradient in a
   // step is not updated and its count lags the engine's step). Per rank; a rank holding no
   // element of a parameter may lag on it, rank 0 holds elements of every one (checkpoints save
@@ -383,16 +292,7 @@ class engine {
   // After restore_run_counters: every count in [0, steps_taken()], one per parameter; validated
   // before anything changes.
   void restore_update_counts(const std::vector<std::int64_t>& counts) {
-    check_between_steps("restore_update_counts");
-    ZSHARD_REQUIRE(counts.size() == spec_.params().size(), error_kind::config,
-                   std::to_string(counts.size()) + " update counts for a model of " +
-                       std::to_string(spec_.params().size()) + " parameters");
-    for (std::size_t p = 0; p < counts.size(); ++p)
-      ZSHARD_REQUIRE(counts[p] >= 0 && counts[p] <= step_, error_kind::config,
-                     "update count " + std::to_string(counts[p]) + " of '" + spec_.params()[p].name +
-                         "' is outside [0, " + std::to_string(step_) + "] (the engine's step)");
-    if constexpr (requires { offloader_.set_update_counts(std::span<const std::int64_t>(counts)); })
-      offloader_.set_update_counts(std::span<const std::int64_t>(counts));
+    step_counters<engine>::restore_update_counts(*this, counts);
   }
 
   const model_spec& spec() const noexcept { return spec_; }
@@ -434,216 +334,28 @@ class engine {
   // the start of a step: nothing gathered, nothing pending, the schedule resynchronised across
   // ranks (which may have stopped at different points). Required after a scope was left by an
   // exception. It cannot repair an engine broken by a failed collective.
-  void discard_gradients() {
-    rethrow_if_broken();
-    ZSHARD_REQUIRE(scopes_.count() == 0, error_kind::usage, "discard_gradients() with module scopes still open",
-                   "let the scopes of the failed micro-batch close (or unwind) first");
-    agreement_.resynchronize(fp_);
-    fp_.on_event(schedule_event::discard);
-    if constexpr (requires { reducer_.discard(); })
-      reducer_.discard();
-    else
-      reducer_.flush(sink_);
-    for (param_id p = 0; p < store_.size(); ++p) store_[p].full_grad.reset_on(store_.streams().on(stream_role::compute));
-    tracker_.reset(spec_);
-    ctl_.sync.discard();
-    residency_.end_holds();
-    residency_.release_unpinned();
-    offloader_.discard_grads();
-    prefetcher_.on_step();
-    micro_batches_ = 0;
-    swept_.clear();
-    abandoned_.clear();
-  }
+  void discard_gradients() { step_boundary<engine>::discard_gradients(*this); }
 
  private:
   friend scope;
   friend class full_state<engine>;
   friend class shard_state<engine>;
   friend class training_controls<engine>;
+  friend class step_boundary<engine>;
+  friend class scope_lifecycle<engine>;
+  friend class engine_setup<engine>;
+  friend class step_counters<engine>;
   using controls = training_controls<engine>;
-
-  // ---- construction --------------------------------------------------------------------------
-  static Comm& checked_reduce_comm(Comm& comm, Comm& reduce) {
-    ZSHARD_REQUIRE(reduce.rank() == comm.rank() && reduce.size() == comm.size(), error_kind::config,
-                   "the reduce communicator is rank " + std::to_string(reduce.rank()) + " of " +
-                       std::to_string(reduce.size()) + ", the engine's communicator rank " +
-                       std::to_string(comm.rank()) + " of " + std::to_string(comm.size()),
-                   "give reductions a communicator over the same ranks in the same order (ncclCommSplit with one "
-                   "colour and key = rank, or a second communicator of the same world)");
-    return reduce;
-  }
+  using setup = engine_setup<engine>;  // construction (engine/engine_setup.hpp)
 
   int agreement_world_rank() const noexcept { return groups_.world_rank(); }
 
-  // The step's gradient norm over the world counts each shard once: the replicas of a shard group
-  // hold bitwise the same gradient shards, so only replica 0 adds its part (sum of squares, sum of
-  // |g| or max |g|, engine/grad_norm.hpp; +0.0 from the others leaves a sum unchanged, bit for
-  // bit, and a max too). An Inf/NaN is reported by every rank.
-  local_grad_norm counted_grad_norm() {
-    local_grad_norm g = local_grad_norm_of(offloader_, cfg_.clip_norm_type);
-    if (replica_index() != 0) g.part = 0.0;
-    return g;
-  }
-
-  static model_spec validated(model_spec s) {
-    s.validate();
-    return s;
-  }
-  // Also tags every log line with the rank that says it.
-  static engine_config validated(engine_config c, int rank) {
-    c.validate();
-    c.log = [sink = std::move(c.log), rank](const std::string& line) {
-      say(sink, "rank " + std::to_string(rank) + ": " + line);
-    };
-    return c;
-  }
-
-  // The rank's share of the trace, watching its ledger from before the first allocation.
-  static rank_trace* start_trace(Backend& backend, const engine_config& c, int rank) {
-    if (!c.trace) return nullptr;
-    rank_trace& t = c.trace->rank(rank);
-    t.watch(backend.ledger());
-    return &t;
-  }
-
-  // engine_config::log promises swept uses (I3): a forward whose backward never ran. Said once
-  // per module, so a loop that sweeps every step does not flood the log; step_report::swept
-  // lists every one.
-  void log_swept(std::size_t from) {
-    for (std::size_t i = from; i < swept_.size(); ++i) {
-      const module_id m = swept_[i].module;
-      if (swept_said_.size() <= m) swept_said_.resize(spec_.modules().size(), false);
-      if (swept_said_[m]) continue;
-      swept_said_[m] = true;
-      cfg_.say("swept " + std::to_string(swept_[i].pending_uses) + " use(s) of module '" + spec_.module(m).name +
-               "' whose backward never ran: released and reduced at end_backward (use use_kind::no_grad for passes "
-               "without backward; said once per module, step_report::swept lists every one)");
-    }
-  }
-
-  // Rank r computes exactly its shard's initial values from the global element index.
-  void initialize_parameters() {
-    if constexpr (Backend::holds_storage) {
-      const auto rank = comm_.rank();
-      std::vector<float> values;
-      for (param_id p = 0; p < store_.size(); ++p) {
-        auto& s = store_[p];
-        const std::size_t n = s.layout.shard_numel;
-        values.assign(n, 0.0f);
-        const std::size_t begin = s.layout.owned_begin(rank), end = s.layout.owned_end(rank);
-        for (std::size_t g = begin; g < end; ++g) values[g - begin] = s.spec->init(static_cast<std::int64_t>(g));
-        auto& compute = store_.streams().on(stream_role::compute);
-        buffer<Backend> staging = scratch(dtype::f32, n);
-        backend_.copy(staging.data(), values.data(), n * sizeof(float), compute);
-        if (void* host = store_.host_shard(p))  // offloaded (param_store.hpp): written where it lives
-          zshard::convert(values.data(), dtype::f32, host, s.type, n);
-        else
-          backend_.convert(staging.data(), dtype::f32, s.shard.data(), s.type, n, compute);
-        if (s.spec->trainable) offloader_.init_param(p, staging.template as<float>());
-        backend_.synchronize(compute);
-      }
-    }
-  }
-
-  // ---- scopes --------------------------------------------------------------------------------
-  // Exception-safe: the residency rolls back its own pins and gathers, gradient buffers made
-  // here are freed, the tracker is told last (its checks throw before it changes anything) and
-  // the fingerprint is restored, so a failed open leaves the engine as it was.
+  // ---- scopes (engine/scope_lifecycle.hpp) ----------------------------------------------------
   void enter_scope(module_id m, use_kind kind, bool is_backward) {
-    rethrow_if_unusable();
-    engine_checks::module_id_in_range(spec_, m, "engine scope (forward/recompute/backward)");
-    scopes_.check_can_open(spec_, m, is_backward);
-    if (is_backward)  // a usage error here changes nothing
-      tracker_.on_backward(m);
-    else
-      tracker_.on_forward(m, kind);
-    const auto saved = fp_.save();
-    fp_.on_scope(m, kind, is_backward);
-    controls::count_scope(*this);
-    store_.collective_context = fp_.tag(collective_use::gather, m);
-    made_grads_.clear();
-    int stage = 0;  // 1: the Prefetcher saw the scope, 2: the residency opened it
-    try {
-      if (cfg_.check_every_scope) agreement_.at_scope(fp_);
-      ahead_.clear();
-      prefetcher_.on_scope_enter(m, kind, ahead_);
-      stage = 1;
-      {
-        trace_span t(trace_, "gather", ahead_.empty() ? "gather" : "gather + prefetch", spec_.modules()[m].name);
-        residency_.open(m, ahead_, store_.collective_context);
-      }
-      stage = 2;
-      if (is_backward) make_full_grads(m);
-    } catch (const error& e) {
-      undo_open(m, kind, is_backward, stage, saved);
-      if (e.kind() != error_kind::comm) throw;
-      throw error(e.kind(),
-                  e.message() + " [rank " + std::to_string(comm_.rank()) + " was opening " +
-                      engine_checks::scope_name(spec_, m, kind, is_backward) + " as scope #" +
-                      std::to_string(fp_.scopes() + 1) + "]",
-                  e.hint());
-    } catch (...) {
-      undo_open(m, kind, is_backward, stage, saved);
-      throw;
-    }
-    if (trace_) [[unlikely]]
-      trace_->scope_open(m, is_backward ? "backward" : kind == use_kind::counted ? "forward" : to_string(kind));
+    scope_lifecycle<engine>::enter(*this, m, kind, is_backward);
   }
   void opened_scope(scope* s) noexcept { scopes_.opened(s, s->module(), s->is_backward()); }
-
-  void make_full_grads(module_id m) {
-    auto& compute = store_.streams().on(stream_role::compute);
-    for (param_id p : spec_.modules()[m].params) {  // m checked by enter_scope
-      auto& s = store_[p];
-      if (!s.spec->trainable || s.full_grad) continue;
-      s.full_grad = buffer<Backend>(backend_, dtype::f32, s.layout.padded_numel, mem_category::grad_buckets, compute);
-      made_grads_.push_back(p);
-      backend_.fill_zero(s.full_grad.data(), s.full_grad.bytes(), compute);
-    }
-  }
-
-  // Rolls back a scope whose open failed; the policies that can take back what they were told
-  // (optional on_scope_failed, see track/hook_tracker.hpp and prefetch/prefetcher.hpp) do.
-  void undo_open(module_id m, use_kind kind, bool is_backward, int stage,
-                 const schedule_fingerprint::saved& saved) noexcept {
-    fp_.restore(saved);
-    for (param_id p : made_grads_) store_[p].full_grad.reset_on(store_.streams().on(stream_role::compute));
-    try {
-      if (stage >= 2) residency_.close(m, false, false);
-      if constexpr (requires { prefetcher_.on_scope_failed(m, kind); })
-        if (stage >= 1) prefetcher_.on_scope_failed(m, kind);
-      if constexpr (requires { tracker_.on_scope_failed(m, kind, is_backward); })
-        tracker_.on_scope_failed(m, kind, is_backward);
-    } catch (...) {
-      broken_ = std::current_exception();
-    }
-  }
-
-  // A failure half-way through closing a scope (a collective in the Reducer, an invariant)
-  // leaves pins and counts inconsistent, so it breaks the engine: every later call rethrows it.
-  void exit_scope(scope* sc) {
-    rethrow_if_broken();
-    const module_id m = sc->module();
-    const bool is_backward = sc->is_backward();
-    sc->end();
-    scopes_.ended(sc, m, is_backward);
-    try {
-      if (trace_) [[unlikely]] trace_->scope_close(m, is_backward, spec_.modules()[m].name);
-      store_.streams().note_work(stream_role::compute);  // the scope's own kernels, before any reduction of them
-      if (is_backward) {
-        completed_.clear();
-        tracker_.on_backward_done(m, completed_);
-        trace_span t(trace_, "reduce", "reduce-scatter", spec_.modules()[m].name);
-        for (param_id p : completed_) ctl_.sync.complete(p, reduce_);
-      }
-      trace_span t(trace_, "release", "release", spec_.modules()[m].name);
-      residency_.close(m, tracker_.keeps_gathered(m), controls::prefers_gathered(*this, m));
-    } catch (...) {
-      broken_ = std::current_exception();
-      throw;
-    }
-  }
+  void exit_scope(scope* sc) { scope_lifecycle<engine>::exit(*this, sc); }
 
   void exit_scope_nothrow(scope* sc) noexcept {
     try {
@@ -655,18 +367,7 @@ class engine {
 
   // A scope destroyed by an exception: released without a collective; the engine then waits
   // for discard_gradients().
-  void abandon_scope(scope* sc) noexcept {
-    const module_id m = sc->module();
-    const bool is_backward = sc->is_backward();
-    sc->end();
-    scopes_.ended(sc, m, is_backward);
-    try {
-      abandoned_ = engine_checks::scope_name(spec_, m, use_kind::counted, is_backward);
-      residency_.close(m, false, false);
-    } catch (...) {
-      if (!broken_) broken_ = std::current_exception();
-    }
-  }
+  void abandon_scope(scope* sc) noexcept { scope_lifecycle<engine>::abandon(*this, sc); }
 
   void moved_scope(scope* from, scope* to) noexcept { scopes_.moved(from, to); }
 

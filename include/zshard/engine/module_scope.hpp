@@ -22,6 +22,8 @@ namespace zshard {
 
 template <class Scope>
 class scope_registry;
+template <class Engine>
+class scope_lifecycle;
 
 template <class Engine>
 class module_scope {
@@ -76,6 +78,7 @@ class module_scope {
 
  private:
   friend Engine;
+  friend class scope_lifecycle<Engine>;  // the engine's scope opening and closing
   template <class>
   friend class scope_registry;
   module_scope(Engine* e, module_id m, bool backward) noexcept

@@ -58,6 +58,7 @@
 #include "zshard/core/buffer.hpp"
 #include "zshard/core/checked_size.hpp"
 #include "zshard/core/worker_pool.hpp"
+#include "zshard/offload/host_adam_step.hpp"
 #include "zshard/offload/host_layout.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/landing_queue.hpp"
@@ -179,47 +180,8 @@ class host_adam_impl : private host_layout<Backend> {
     return total;
   }
 
-  void update(const update_args& a) {
-    drain();
-    optim::adamw_config hyper = hyper_;
-    hyper.lr = a.lr;
-    step_now_ = a.step;
-    groups_ = a.groups;
-    if (groups_) {
-      groups_->steps(hyper_, a.step, a.grad_scale, steps_);
-    } else {
-      steps_.resize(2);
-      steps_[0] = optim::make_adamw_step(hyper, a.step, a.grad_scale, false);
-      steps_[1] = optim::make_adamw_step(hyper, a.step, a.grad_scale, true);
-    }
-    // Each parameter's own step count: a parameter without a gradient this step is skipped (as
-    // PyTorch does) unless update_params_without_grad, and its count stays.
-    for (param_id p = 0; p < steps_before_.size(); ++p) steps_before_[p] = params_[p].steps;  // NVMe: a failed step
-    for (param_id p = 0; p < params_.size(); ++p) {
-      auto& ps = params_[p];
-      if (ps.trainable && !layout::writes_host(p)) moved_.to_device += ps.numel * size_of(store_[p].type);  // staged up
-      ps.skip = ps.trainable && !ps.has_grad && !hyper_.update_params_without_grad;
-      if (!ps.trainable || ps.skip) continue;
-      ++ps.steps;
-      if (ps.steps != a.step)
-        ps.own_step = groups_ ? groups_->step_for(p, store_[p].spec->decay, hyper_, ps.steps, a.grad_scale)
-                              : optim::make_adamw_step(hyper, ps.steps, a.grad_scale, store_[p].spec->decay);
-    }
-    if constexpr (holds_storage) {
-      for (const auto& ps : params_)  // with update_params_without_grad: AdamW decays and moves with a zero gradient
-        if (ps.trainable && !ps.has_grad) std::memset(f32(grad_) + ps.offset, 0, ps.numel * sizeof(float));
-      if (tier_) tier_->quiesce();  // uploads of the old shards done before the CPU writes them
-      if (nvme_) {
-        update_chunks();
-      } else {
-        update_direct(0, direct_.size(), in_memory());
-        if constexpr (!in_place) update_through_staging(0, rounds_.size(), in_memory());
-      }
-    } else if (nvme_) {  // accounting only: the tier counts what a step reads and writes
-      nvme_->update([](std::size_t, const chunk_view&) {}, [](std::size_t, const chunk_view&) {});
-    }
-    clear_grads();
-  }
+  // The AdamW step over this rank's shards (offload/host_adam_step.hpp).
+  void update(const update_args& a) { host_adam_step<Backend, Comm>::update(*this, a); }
 
   // Each parameter's own update count (its AdamW bias correction), by param_id: a parameter
   // skipped in a step (no gradient) lags the engine's step. Checkpoints save and restore them
@@ -338,6 +300,7 @@ class host_adam_impl : private host_layout<Backend> {
 
  private:
   friend class landing_queue<Backend, host_adam_impl>;
+  friend class host_adam_step<Backend, Comm>;
 
   static float* f32(const buffer<resource_type>& b) noexcept { return b.template as<float>(); }
 
@@ -465,84 +428,6 @@ class host_adam_impl : private host_layout<Backend> {
   void drain() {
     if constexpr (holds_storage && !in_place) landing_.drain();
     pool_.wait();
-  }
-
-  const optim::adamw_step& step_for(param_id p) const noexcept {
-    if (params_[p].steps != step_now_) return params_[p].own_step;
-    const bool decay = store_[p].spec->decay;
-    return steps_[groups_ ? groups_->slot(p, decay) : (decay ? 1 : 0)];
-  }
-
-  // The state a tile reads: the flat arrays, or the chunk of them in an NVMe chunk buffer.
-  chunk_view in_memory() const noexcept { return {f32(master_), f32(m_), f32(v_), 0}; }
-
-  void update_tile(const tile& t, void* out, const chunk_view& s) noexcept {
-    const std::size_t at = t.offset - s.first;
-    // Unchanged (or rolled back after a failed NVMe step): the working value is the master's,
-    // rounded (written for the staging path).
-    if (params_[t.p].skip || restoring_) {
-      zshard::convert(s.master + at, dtype::f32, out, store_[t.p].type, t.len);
-      return;
-    }
-    optim::adamw_update_on(path_, step_for(t.p), s.master + at, s.m + at, s.v + at, f32(grad_) + t.offset, t.len, out,
-                           store_[t.p].type);
-  }
-
-  void* working_shard(param_id p) const noexcept {
-    return store_.offloaded(p) ? store_.host_shard(p) : store_[p].shard.data();
-  }
-
-  // Host memory: the working copy is written straight into the shard. Tiles direct_[begin, end).
-  void update_direct(std::size_t begin, std::size_t end, const chunk_view& s) {
-    auto body = [&](std::size_t i) {
-      const tile& t = tiles_[direct_[begin + i]];
-      update_tile(t, static_cast<char*>(working_shard(t.p)) + t.local * size_of(store_[t.p].type), s);
-    };
-    pool_.run(end - begin, body);
-  }
-
-  // NVMe: chunk by chunk as nvme_state reads them; a failed step is rolled back there (working
-  // values) and here (update counts), and the gradients stay for discard_grads().
-  void update_chunks() {
-    auto run = [&](std::size_t k, const chunk_view& s) {
-      update_direct(chunk_direct_[k], chunk_direct_[k + 1], s);
-      if constexpr (!in_place) update_through_staging(chunk_rounds_[k], chunk_rounds_[k + 1], s);
-    };
-    try {
-      nvme_->update(run, [&](std::size_t k, const chunk_view& s) {
-        restoring_ = true;
-        run(k, s);
-        restoring_ = false;
-      });
-    } catch (...) {
-      restoring_ = false;
-      for (param_id p = 0; p < params_.size(); ++p) params_[p].steps = steps_before_[p];
-      throw;
-    }
-  }
-
-  // Device memory: round r is updated into staging half r % 2 while round r - 1's copies to
-  // the device run; before issuing round r's copies, wait for round r - 1's, which frees the
-  // half that round r + 1 writes.
-  void update_through_staging(std::size_t first, std::size_t last, const chunk_view& s) {
-    Backend& b = store_.backend();
-    for (std::size_t r = first; r < last; ++r) {
-      const round& rd = rounds_[r];
-      char* half = reinterpret_cast<char*>(f32(staging_) + (r % 2) * staging_numel_);
-      auto body = [&](std::size_t k) {
-        const tile& t = tiles_[staged_[rd.tile_begin + k]];
-        update_tile(t, half + t.staging_byte, s);
-      };
-      pool_.run(rd.tile_end - rd.tile_begin, body);
-      b.synchronize(compute());
-      for (std::size_t s = rd.segment_begin; s < rd.segment_end; ++s) {
-        const segment& seg = segments_[s];
-        auto& slot = store_[seg.p];
-        const std::size_t w = size_of(slot.type);
-        b.copy(static_cast<char*>(slot.shard.data()) + seg.local * w, half + seg.staging_byte, seg.len * w, compute());
-      }
-    }
-    b.synchronize(compute());
   }
 
   void clear_grads() noexcept {

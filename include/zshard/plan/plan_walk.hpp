@@ -34,6 +34,7 @@
 #include "zshard/plan/schedule.hpp"
 #include "zshard/plan/trace_mirror.hpp"
 #include "zshard/plan/walk_ledger.hpp"
+#include "zshard/plan/walk_point_name.hpp"
 #include "zshard/track/use_counter.hpp"
 
 namespace zshard::plan::detail {
@@ -448,33 +449,7 @@ class plan_walk {
   void transient(mem_category c, std::size_t bytes) { ledger_.transient(c, bytes, here_); }
   void set(mem_category c, std::size_t bytes) { ledger_.set(c, bytes, here_); }
 
-  static constexpr const char* control_call = "a control call's argument check (set_gradient_sync, set_trainable, ...)";
-  std::string describe(const where& w) const {
-    if (w.what == 2) return "initialization";
-    const step_program& prog = schedule_.cycle[w.program];
-    std::string s = "step " + std::to_string(w.step + 1) +
-                    (schedule_.cycle.size() > 1 ? " ('" + prog.name + "')" : std::string()) + ": ";
-    if (w.what == 3) return s + "step()";
-    if (w.what == 5 && w.event >= prog.events.size()) return s + "before its first event: " + control_call;
-    if (w.what == 5) s += "after ";
-    if (w.event < prog.events.size()) {
-      const auto& e = prog.events[w.event];
-      if (e.kind == event_kind::open || e.kind == event_kind::close)
-        s += std::string(e.kind == event_kind::open ? "" : "closing ") + to_string(e.scope) + " of " +
-             spec_.module(e.module).name;
-      else if (e.kind == event_kind::end_backward)
-        s += "end of backward";
-      else if (e.kind == event_kind::activations)
-        s += "activations";
-      else if (e.kind == event_kind::gather_param)
-        s += "gather_param(" + spec_.param(e.param).name + ")";
-      else if (e.kind == event_kind::export_params)
-        s += "export";
-    }
-    if (w.what == 1) s += ": reduce-scatter of " + spec_.param(w.param).name;
-    if (w.what == 5) s += ": " + std::string(control_call);
-    return s;
-  }
+  std::string describe(const where& w) const { return describe_walk_point(w, schedule_, spec_); }
 
   const model_spec spec_;  // with this walk's trainable set
   const engine_config& cfg_;
