@@ -21,18 +21,14 @@
 
 #include "../support/policies.hpp"
 #include "../engine/toy_training.hpp"
+#include "offload_fixtures.hpp"
 #include "zshard/offload/host_adam.hpp"
 
 using namespace zshard;
 
 namespace {
 
-// A host backend that claims its memory is device memory: the offloader then streams
-// gradients and working parameters through its page-locked staging halves, as on a GPU.
-struct device_like_backend : host_backend {
-  using host_backend::host_backend;
-  static constexpr bool memory_is_host = false;
-};
+using offload_test::device_like_backend;
 static_assert(check_backend<device_like_backend>());
 static_assert(offload::memory_is_host<host_backend>() && !offload::memory_is_host<device_like_backend>());
 

@@ -23,6 +23,8 @@
 #include "../checkpoint/test_dir.hpp"
 #include "../engine/equivalence_check.hpp"
 #include "../engine/hybrid_training.hpp"
+#include "../support/policies.hpp"
+#include "offload_fixtures.hpp"
 #include "zshard/comm/null_comm.hpp"
 #include "zshard/offload/host_adam.hpp"
 
@@ -30,14 +32,8 @@ using namespace zshard;
 
 namespace {
 
-struct nvme_policies : default_policies {
-  using offloader = offload::host_adam;
-};
-
-struct nvme_device_backend : host_backend {
-  using host_backend::host_backend;
-  static constexpr bool memory_is_host = false;
-};
+using nvme_policies = test_support::host_offload_policies;
+using nvme_device_backend = offload_test::device_like_backend;
 
 toy::train_options nvme_options(int world, dtype t) {
   toy::train_options o = toy::base_options(world);
@@ -95,14 +91,8 @@ nvme_run_result nvme_train(const toy::train_options& o) {
 }
 
 void nvme_check_bitwise(const toy::train_result& got, const toy::train_result& want, const std::string& what) {
+  offload_test::check_same_params(got, want, what);
   INFO(what);
-  REQUIRE(got.params.size() == want.params.size());
-  for (std::size_t p = 0; p < got.params.size(); ++p) {
-    INFO("parameter #" << p);
-    REQUIRE(got.params[p].size() == want.params[p].size());
-    CHECK(std::memcmp(got.params[p].data(), want.params[p].data(), got.params[p].size() * sizeof(float)) == 0);
-  }
-  REQUIRE(got.reports.size() == want.reports.size());
   // the reported norm sums tiles cut at chunk boundaries: the same sum, grouped otherwise
   for (std::size_t s = 0; s < got.reports.size(); ++s)
     CHECK(got.reports[s].grad_norm == doctest::Approx(want.reports[s].grad_norm).epsilon(1e-12));

@@ -10,12 +10,13 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <mutex>
 #include <string>
 
 #include "../engine/equivalence_check.hpp"
 #include "../engine/hybrid_training.hpp"
+#include "../support/policies.hpp"
+#include "offload_fixtures.hpp"
 #include "zshard/comm/null_comm.hpp"
 #include "zshard/offload/host_adam.hpp"
 
@@ -23,16 +24,9 @@ using namespace zshard;
 
 namespace {
 
-struct param_tier_policies : default_policies {
-  using offloader = offload::host_adam;
-};
-
-// A host backend that claims its memory is device memory (as in test_host_adam.cpp): gradients
-// and the working values of device-resident parameters go through host_adam's staging halves.
-struct param_tier_backend : host_backend {
-  using host_backend::host_backend;
-  static constexpr bool memory_is_host = false;
-};
+using param_tier_policies = test_support::host_offload_policies;
+// Gradients and the working values of device-resident parameters go through host_adam's staging.
+using param_tier_backend = offload_test::device_like_backend;
 
 struct param_tier_result {
   toy::train_result train;
@@ -79,14 +73,8 @@ param_tier_result train(const toy::train_options& o) {
 }
 
 void check_bitwise(const toy::train_result& got, const toy::train_result& want, const std::string& what) {
+  offload_test::check_same_params(got, want, what);
   INFO(what);
-  REQUIRE(got.params.size() == want.params.size());
-  for (std::size_t p = 0; p < got.params.size(); ++p) {
-    INFO("parameter #" << p);
-    REQUIRE(got.params[p].size() == want.params[p].size());
-    CHECK(std::memcmp(got.params[p].data(), want.params[p].data(), got.params[p].size() * sizeof(float)) == 0);
-  }
-  REQUIRE(got.reports.size() == want.reports.size());
   for (std::size_t s = 0; s < got.reports.size(); ++s) CHECK(got.reports[s].grad_norm == want.reports[s].grad_norm);
 }
 

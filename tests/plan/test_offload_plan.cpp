@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../checkpoint/test_dir.hpp"
+#include "small_model.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/offload/host_adam.hpp"
@@ -29,41 +30,12 @@ struct host_policies : default_policies {
   using offloader = offload::host_adam;
 };
 
-// embed tied with head, two checkpointed blocks (one used twice) under their parents, a frozen
-// norm (never unfrozen: the plans say so, frozen_params_stay_frozen, and are exact), two micro-batches, then a no-grad evaluation pass, a gather_param and an export.
-struct offload_model {
-  model_spec spec;
-  module_id embed, head, blocks[2], attn[2], mlp[2];
-  offload_model() {
-    const param_id e = spec.add_param("embed.w", {50, 24});
-    embed = spec.add_module("embed", {e});
-    for (int b = 0; b < 2; ++b) {
-      const std::string n = "block" + std::to_string(b);
-      const param_id norm = spec.add_param(n + ".norm", {24}, {.decay = false});
-      const param_id q = spec.add_param(n + ".q", {24, 24}), o = spec.add_param(n + ".o", {24, 24});
-      const param_id up = spec.add_param(n + ".up", {24, 64}, {.type = dtype::f32});
-      const param_id down = spec.add_param(n + ".down", {64, 24});
-      blocks[b] = spec.add_module(n, {norm});
-      attn[b] = spec.add_module(n + ".attn", {q, o});
-      mlp[b] = spec.add_module(n + ".mlp", {up, down});
-    }
-    const param_id hn = spec.add_param("head.norm", {24}, {.trainable = false, .decay = false});
-    head = spec.add_module("head", {hn, e});
-  }
-  std::vector<segment> segments() const {
-    std::vector<segment> s{{{embed}, 800, 0, false, {}}};
-    for (int b : {0, 1, 1}) s.push_back({{attn[b], mlp[b]}, 400, 3000, true, blocks[b]});
-    s.push_back({{head}, 2000, 0, false, {}});
-    return s;
-  }
-  // Every step the same program, so that the bytes moved by the run's last step are the plan's
-  // (the steady state).
-  training_schedule schedule() const {
-    program_builder step("train+eval");
-    for (int i = 0; i < 2; ++i) step.micro_batch(segments());
-    step.no_grad_pass({embed, attn[0], mlp[0], attn[1], mlp[1], head}, 5000).gather_param(0).export_params();
-    return training_schedule{{step.build()}};
-  }
+// plan_test::small_model: its frozen norm is never unfrozen (the plans say so,
+// frozen_params_stay_frozen, and are exact). Every step the same program (two micro-batches,
+// then a no-grad evaluation pass, a gather_param and an export), so that the bytes moved by the
+// run's last step are the plan's (the steady state).
+struct offload_model : plan_test::small_model {
+  training_schedule schedule() const { return training_schedule{{train_and_eval(2)}}; }
 };
 
 struct tiers {
@@ -74,20 +46,13 @@ struct tiers {
 };
 
 engine_config config(std::size_t max_live, tiers t, const std::string& nvme_dir) {
-  engine_config cfg;
-  cfg.param_dtype = dtype::bf16;
-  cfg.partition.persistence_threshold_numel = 24;
-  cfg.prefetch.prefetch_numel = 2500;
-  cfg.prefetch.max_live_numel = max_live;
-  cfg.prefetch.max_reuse_distance = 600;
-  cfg.reduce.reduce_bucket_numel = 1500;
+  engine_config cfg = plan_test::small_config(max_live);
   cfg.offload.host_threads = 1;
   cfg.offload.params = t.params;
   cfg.offload.optimizer_state = t.state;
   cfg.offload.nvme_path = nvme_dir;
   cfg.offload.nvme_chunk_numel = 1024;
   cfg.offload.nvme_buffer_count = 3;
-  cfg.log = [](const std::string&) {};
   return cfg;
 }
 

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "small_model.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
@@ -23,54 +24,8 @@ using namespace zshard::plan;
 
 namespace {
 
-// embed (tied with head), two blocks of two modules each under a parent with its norm, head.
-struct small_model {
-  model_spec spec;
-  module_id embed, head, blocks[2], attn[2], mlp[2];
-  small_model() {
-    const param_id e = spec.add_param("embed.w", {50, 24});
-    embed = spec.add_module("embed", {e});
-    for (int b = 0; b < 2; ++b) {
-      const std::string n = "block" + std::to_string(b);
-      const param_id norm = spec.add_param(n + ".norm", {24}, {.decay = false});
-      const param_id q = spec.add_param(n + ".q", {24, 24}), o = spec.add_param(n + ".o", {24, 24});
-      const param_id up = spec.add_param(n + ".up", {24, 64}, {.type = dtype::f32});
-      const param_id down = spec.add_param(n + ".down", {64, 24});
-      blocks[b] = spec.add_module(n, {norm});
-      attn[b] = spec.add_module(n + ".attn", {q, o});
-      mlp[b] = spec.add_module(n + ".mlp", {up, down});
-    }
-    const param_id hn = spec.add_param("head.norm", {24}, {.trainable = false, .decay = false});
-    head = spec.add_module("head", {hn, e});  // tied
-  }
-  // block 1 used twice per micro-batch (a shared layer), each block a checkpointed segment
-  // nested in its parent scope.
-  std::vector<segment> segments() const {
-    std::vector<segment> s{{{embed}, 800, 0, false, {}}};
-    for (int b : {0, 1, 1}) s.push_back({{attn[b], mlp[b]}, 400, 3000, true, blocks[b]});
-    s.push_back({{head}, 2000, 0, false, {}});
-    return s;
-  }
-  training_schedule with_eval(int micro_batches) const {
-    step_program train = training_step(segments(), micro_batches, "train");
-    program_builder eval("train+eval");
-    for (int i = 0; i < micro_batches; ++i) eval.micro_batch(segments());
-    eval.no_grad_pass({embed, attn[0], mlp[0], attn[1], mlp[1], head}, 5000).gather_param(0).export_params();
-    return training_schedule{{train, train, eval.build()}};
-  }
-};
-
-engine_config small_config(std::size_t max_live) {
-  engine_config cfg;
-  cfg.param_dtype = dtype::bf16;
-  cfg.partition.persistence_threshold_numel = 24;
-  cfg.prefetch.prefetch_numel = 2500;
-  cfg.prefetch.max_live_numel = max_live;
-  cfg.prefetch.max_reuse_distance = 600;
-  cfg.reduce.reduce_bucket_numel = 1500;
-  cfg.log = [](const std::string&) {};
-  return cfg;
-}
+using plan_test::small_config;
+using plan_test::small_model;
 
 // Every rank's device ledger after `steps` steps of the schedule's cycle, with the modules in
 // `keep` kept gathered until their backward and, with no_sync, gradient sync off for every
