@@ -38,6 +38,17 @@ bool crash_point(const ck::io_event& e) {
 
 constexpr int crashed_status = 42;
 
+// Not under ThreadSanitizer: the crash is a child's _exit with its rank threads still running,
+// which TSan reports as a thread leak and answers with its own exit status instead of the
+// crash's (and forking a threaded process is outside what it supports; each of the 40-odd
+// forks also takes seconds there). The test looks for lost or half-written checkpoints, not
+// races; the ci and asan steps run it.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool under_thread_sanitizer = true;
+#else
+constexpr bool under_thread_sanitizer = false;
+#endif
+
 // Trains 3 steps at world 2 and saves into `dir` with keep_last 1; the hook sees every call.
 void save_step_3(const std::string& dir, ck::io_hook hook) {
   on_ranks(2, engine_options(), [&](auto& eng, const toy::ids& id) {
@@ -63,7 +74,8 @@ std::map<std::string, std::string> files_of(const std::string& dir) {
 
 }  // namespace
 
-TEST_CASE("crash injection: a save with rotation killed at each file-system call never leaves a bad checkpoint") {
+TEST_CASE("crash injection: a save with rotation killed at each file-system call never leaves a bad checkpoint" *
+          doctest::skip(under_thread_sanitizer)) {
   temp_dir dir(memory_temp_base());  // 40-odd saves and loads: no disk flushes
   const std::string base = dir / "base", work = dir / "work";
   // step 2 saved: the checkpoint every crash must leave intact
