@@ -65,7 +65,7 @@ void train(Engine& eng, const skip_model& sm, int first, int count) {
       auto g = eng.backward(m);
       const auto& ps = sm.spec.modules()[m].params;
       for (std::size_t k = 0; k < ps.size(); ++k) {
-        if (!sm.spec.params()[ps[k]].trainable) continue;
+        if (!eng.spec().params()[ps[k]].trainable) continue;  // the engine's flag: set_trainable changes it
         float* gd = g.grad_data(k);
         for (std::size_t i = 0; i < std::size_t(sm.spec.params()[ps[k]].shape.numel()); ++i)
           gd[i] += grad_value(step, ps[k], i);
@@ -88,12 +88,14 @@ zshard::engine_config options(zshard::log_sink log = [](const std::string&) {}) 
   return c;
 }
 
+// prepare: changes the model before the engine is built (which parameters are frozen from the start).
 template <class Policies, class Fn>
-result on_skip_ranks(int world, const zshard::engine_config& cfg, Fn&& fn) {
+result on_skip_ranks(int world, const zshard::engine_config& cfg, Fn&& fn, void (*prepare)(skip_model&) = nullptr) {
   result out;
   std::mutex mu;
   zshard::run_ranks(world, [&](zshard::thread_comm& comm) {
     skip_model sm;
+    if (prepare) prepare(sm);
     zshard::host_backend backend;
     zshard::engine<zshard::host_backend, zshard::thread_comm, Policies> eng(backend, comm, sm.spec, cfg);
     const bool restored = fn(eng, sm);
@@ -289,4 +291,172 @@ TEST_CASE("update counts: restore_update_counts validates before it changes anyt
     CHECK(eng.update_counts() == std::vector<std::int64_t>{2, 2, 1, 0});
     return false;
   });
+}
+
+// ---- Frozen parameters keep their optimizer state (set_trainable); checkpoints save it ----------
+// `a` trains in steps 0-2 and is frozen for step 3: it keeps its master, m, v and update count 3.
+// The checkpoint is taken after step 3; then `a` is unfrozen (and, with `wake`, `frozen`, which
+// never trained: its state is created now) and steps 4-6 run. A resumed run must equal the
+// uninterrupted one bit for bit: zero moments under the saved count would not.
+namespace {
+
+template <class Engine>
+void freeze_phase(Engine& eng, const skip_model& sm) {
+  train(eng, sm, 0, 3);
+  eng.set_trainable(sm.a, false);
+  train(eng, sm, 3, 1);
+}
+template <class Engine>
+void unfreeze_phase(Engine& eng, const skip_model& sm, bool wake) {
+  eng.set_trainable(sm.a, true);
+  if (wake) eng.set_trainable(sm.frozen, true);
+  train(eng, sm, 4, 3);
+}
+
+template <class Policies>
+result frozen_straight(int world, const zshard::engine_config& cfg, bool wake = false) {
+  return on_skip_ranks<Policies>(world, cfg, [&](auto& eng, const skip_model& sm) {
+    freeze_phase(eng, sm);
+    unfreeze_phase(eng, sm, wake);
+    return false;
+  });
+}
+
+template <class Policies>
+void save_frozen(int world, const zshard::engine_config& cfg, const std::string& dir) {
+  on_skip_ranks<Policies>(world, cfg, [&](auto& eng, const skip_model& sm) {
+    freeze_phase(eng, sm);
+    ck::save(eng, dir);
+    return false;
+  });
+}
+
+// A fresh engine (built after `prepare`) runs before_load(eng, sm), freezes `a` as it was saved,
+// loads, unfreezes and trains steps 4-6.
+template <class Policies, class Before>
+result frozen_resumed(int world, const zshard::engine_config& cfg, const std::string& dir, Before&& before_load,
+                      void (*prepare)(skip_model&) = nullptr, bool wake = false) {
+  return on_skip_ranks<Policies>(
+      world, cfg,
+      [&](auto& eng, const skip_model& sm) {
+        before_load(eng, sm);
+        if (eng.spec().params()[sm.a].trainable) eng.set_trainable(sm.a, false);
+        const auto info = ck::load(eng, dir, {.chunk_bytes = 4096});
+        unfreeze_phase(eng, sm, wake);
+        return info.update_counts_restored;
+      },
+      prepare);
+}
+template <class Policies>
+result frozen_resumed(int world, const zshard::engine_config& cfg, const std::string& dir,
+                      void (*prepare)(skip_model&) = nullptr) {
+  return frozen_resumed<Policies>(world, cfg, dir, [](auto&, const skip_model&) {}, prepare);
+}
+
+zshard::engine_config on_nvme(const std::string& nvme_dir) {
+  auto c = options();
+  c.offload.params = zshard::offload_tier::host;
+  c.offload.optimizer_state = zshard::offload_tier::nvme;
+  c.offload.nvme_path = nvme_dir;
+  c.offload.nvme_chunk_numel = 1024;
+  c.offload.nvme_buffer_count = 3;
+  return c;
+}
+
+template <class Policies>
+void frozen_state_resumes_exactly(const zshard::engine_config& cfg, std::initializer_list<std::pair<int, int>> worlds) {
+  const result want = frozen_straight<Policies>(1, cfg);
+  CHECK(want.counts == std::vector<std::int64_t>{6, 5, 3, 0});  // a: 3 before the freeze, 3 after
+  for (auto [a, b] : worlds) {
+    INFO("saved at world " << a << ", resumed at world " << b);
+    temp_dir dir;
+    save_frozen<Policies>(a, cfg, dir.path());
+    const result r = frozen_resumed<Policies>(b, cfg, dir.path());
+    CHECK(r.restored);
+    CHECK(r.counts == want.counts);
+    CHECK(same_bits(r.state, want.state));
+  }
+}
+
+void frozen_from_start(skip_model& sm) { sm.spec.set_trainable(sm.a, false); }
+void frozen_trainable(skip_model& sm) { sm.spec.set_trainable(sm.frozen, true); }
+
+}  // namespace
+
+TEST_CASE("frozen parameters: a checkpoint keeps a frozen parameter's optimizer state; unfrozen, the resumed run "
+          "is bit for bit (both Offloaders, NVMe; worlds 1-3, 2->3, 3->2)") {
+  SUBCASE("on_device") {
+    frozen_state_resumes_exactly<zshard::default_policies>(options(), {{1, 1}, {2, 2}, {3, 3}, {2, 3}, {3, 2}});
+  }
+  SUBCASE("host_adam") {
+    frozen_state_resumes_exactly<host_adam_policies>(options(), {{1, 1}, {2, 2}, {3, 3}, {2, 3}, {3, 2}});
+  }
+  SUBCASE("host_adam, parameters in host memory, optimizer state on NVMe") {
+    temp_dir scratch;
+    frozen_state_resumes_exactly<host_adam_policies>(on_nvme(scratch.path()), {{1, 1}, {2, 3}});
+  }
+}
+
+TEST_CASE("frozen parameters: loaded into an engine that has no state for one (frozen from the start), the load "
+          "creates it; on NVMe, where it cannot, the load is refused naming the parameter, the engine untouched") {
+  const auto check = [](auto policies) {
+    using P = decltype(policies);
+    const result want = frozen_straight<P>(1, options());
+    for (auto [a, b] : {std::pair{2, 2}, {3, 2}}) {
+      INFO("saved at world " << a << ", resumed at world " << b);
+      temp_dir dir;
+      save_frozen<P>(a, options(), dir.path());
+      const result r = frozen_resumed<P>(b, options(), dir.path(), frozen_from_start);
+      CHECK(r.counts == want.counts);
+      CHECK(same_bits(r.state, want.state));
+    }
+  };
+  check(zshard::default_policies{});
+  check(host_adam_policies{});
+  temp_dir scratch, dir;
+  const auto cfg = on_nvme(scratch.path());
+  save_frozen<host_adam_policies>(2, cfg, dir.path());
+  std::mutex mu;
+  std::vector<std::string> errors;
+  on_skip_ranks<host_adam_policies>(
+      2, cfg,
+      [&](auto& eng, const skip_model&) {
+        std::string what;
+        try {
+          ck::load(eng, dir.path());
+        } catch (const zshard::error& e) {
+          what = e.what();
+        }
+        CHECK(eng.steps_taken() == 0);
+        CHECK(eng.update_counts() == std::vector<std::int64_t>(4, 0));
+        std::lock_guard lock(mu);
+        errors.push_back(what);
+        return false;
+      },
+      frozen_from_start);
+  REQUIRE(errors.size() == 2);
+  CHECK(errors[0] == errors[1]);
+  CHECK(errors[0].find("'a'") != std::string::npos);
+  CHECK(errors[0].find("NVMe") != std::string::npos);
+}
+
+TEST_CASE("frozen parameters: a checkpoint without a parameter's state (it never trained) resets the state an "
+          "engine kept for it, as a first unfreeze creates it") {
+  temp_dir dir;
+  save_frozen<zshard::default_policies>(2, options(), dir.path());  // `frozen` never trained: no state saved
+  for (int world : {2, 3}) {
+    INFO("world " << world);
+    const result want = frozen_straight<zshard::default_policies>(world, options(), /*wake=*/true);
+    CHECK(want.counts == std::vector<std::int64_t>{6, 5, 3, 3});
+    // An engine in which `frozen` trained (moments, count 7), then frozen: its state is stale.
+    const result r = frozen_resumed<zshard::default_policies>(
+        world, options(), dir.path(),
+        [](auto& eng, const skip_model& sm) {
+          train(eng, sm, 0, 7);
+          eng.set_trainable(sm.frozen, false);
+        },
+        frozen_trainable, /*wake=*/true);
+    CHECK(r.counts == want.counts);
+    CHECK(same_bits(r.state, want.state));
+  }
 }
