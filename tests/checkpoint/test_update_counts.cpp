@@ -204,7 +204,7 @@ TEST_CASE("update counts: the manifest holds them (format 2); a format 1 checkpo
     return false;
   });
   nlohmann::json j = read_manifest(dir.path());
-  CHECK(j["version"] == 3);
+  CHECK(j["version"] == 4);
   CHECK(j["update_counts"] == nlohmann::json::array({3, 1, 0, 0}));
   // what zshard wrote before format 2
   j["version"] = 1;
@@ -218,7 +218,8 @@ TEST_CASE("update counts: the manifest holds them (format 2); a format 1 checkpo
   };
   const result old = on_skip_ranks<zshard::default_policies>(3, options(log), [&](auto& eng, const skip_model& sm) {
     const auto info = ck::load(eng, dir.path());
-    CHECK(eng.update_counts() == std::vector<std::int64_t>(4, 3));  // every parameter at the step
+    // every parameter at the step, but `frozen`: no state saved, it starts over (count 0)
+    CHECK(eng.update_counts() == std::vector<std::int64_t>{3, 3, 3, 0});
     train(eng, sm, 3, 4);
     return info.update_counts_restored;
   });
@@ -263,9 +264,13 @@ TEST_CASE("update counts: damaged or mismatched counts are refused, naming the m
   e = damaged([](nlohmann::json& j) { j["update_counts"] = 3; });
   CHECK(e.find("\"update_counts\" is not an array") != std::string::npos);
   e = damaged([](nlohmann::json& j) { j.erase("update_counts"); });
-  CHECK(e.find("format version 3 without \"update_counts\"") != std::string::npos);
-  e = damaged([](nlohmann::json& j) { j["version"] = 4; });
-  CHECK(e.find("format version 4, this zshard reads 1 to 3") != std::string::npos);
+  CHECK(e.find("format version 4 without \"update_counts\"") != std::string::npos);
+  e = damaged([](nlohmann::json& j) { j["version"] = 5; });
+  CHECK(e.find("format version 5, this zshard reads 1 to 4") != std::string::npos);
+  e = damaged([](nlohmann::json& j) { j["params"][3].erase("optimizer_state"); });
+  CHECK(e.find("format version 4 without \"optimizer_state\" for parameter 'frozen'") != std::string::npos);
+  e = damaged([](nlohmann::json& j) { j["params"][0]["optimizer_state"] = false; });
+  CHECK(e.find("trainable parameter 'a' without optimizer state") != std::string::npos);
   // the good manifest still loads, exactly; a chunk too small for one element is refused first
   write_manifest(dir.path(), good);
   on_skip_ranks<zshard::default_policies>(2, options(), [&](auto& eng, const skip_model&) {
@@ -459,4 +464,42 @@ TEST_CASE("frozen parameters: a checkpoint without a parameter's state (it never
     CHECK(r.counts == want.counts);
     CHECK(same_bits(r.state, want.state));
   }
+}
+
+TEST_CASE("frozen parameters: a format 3 checkpoint (no state of frozen parameters) starts a trained, frozen "
+          "parameter's state over, naming it in the log") {
+  temp_dir dir;
+  save_frozen<zshard::default_policies>(2, options(), dir.path());
+  nlohmann::json j = read_manifest(dir.path());
+  CHECK(j["params"][0]["optimizer_state"] == true);  // `a`, frozen, kept its state: saved
+  CHECK(j["params"][3]["optimizer_state"] == false);  // `frozen` never trained
+  j["version"] = 3;  // what zshard wrote before format 4: state of trainable parameters only
+  for (auto& p : j["params"]) p.erase("optimizer_state");
+  write_manifest(dir.path(), j);
+  std::mutex mu;
+  std::vector<std::string> notes;
+  const auto log = [&](const std::string& line) {
+    std::lock_guard lock(mu);
+    if (line.find("checkpoint") != std::string::npos) notes.push_back(line);
+  };
+  // `a` kept state in the loading engine (built trainable, then frozen): reset to a fresh start
+  const result reset = frozen_resumed<zshard::default_policies>(3, options(log), dir.path(), [](auto& eng, const skip_model&) {
+    CHECK(eng.has_optimizer_state(0));
+  });
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].find("(format version 3) lacks the optimizer state of frozen parameter(s) 'a',") != std::string::npos);
+  CHECK(notes[0].find("'frozen'") == std::string::npos);  // never trained: nothing lost
+  // the same as an engine that never had state for `a` and creates it at the unfreeze
+  const result created = frozen_resumed<zshard::default_policies>(3, options(), dir.path(), frozen_from_start);
+  CHECK(reset.counts == std::vector<std::int64_t>{3, 5, 3, 0});  // a: 3 updates after the restart
+  CHECK(created.counts == reset.counts);
+  CHECK(same_bits(reset.state, created.state));
+  CHECK(!same_bits(reset.state, frozen_straight<zshard::default_policies>(3, options()).state));  // not exact
+  on_skip_ranks<zshard::default_policies>(2, options(), [&](auto& eng, const skip_model& sm) {
+    eng.set_trainable(sm.a, false);
+    const auto info = ck::load(eng, dir.path());
+    CHECK(!info.frozen_state_restored);
+    CHECK(eng.update_counts() == std::vector<std::int64_t>{0, 2, 0, 0});  // `a` starts over
+    return false;
+  });
 }
