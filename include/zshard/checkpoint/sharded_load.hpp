@@ -152,7 +152,8 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         throw error(error_kind::config,
                     "'" + mpath + "' holds the optimizer state that frozen parameter '" + name +
                         "' kept (set_trainable), but this engine has none for it and its Offloader cannot create it "
-                        "(optimizer state on NVMe has room only for parameters trainable when the engine was built)",
+                        "(e.g. optimizer state on NVMe, which has room only for the parameters trainable when the engine "
+                        "was built)",
                     "build the engine with '" + name + "' trainable and freeze it (set_trainable) before the load");
       const auto [b, e] = held_range(eng, p);
       for (int q = 0; q < m.world_size; ++q) {
