@@ -340,13 +340,13 @@ void save_frozen(int world, const zshard::engine_config& cfg, const std::string&
 // loads, unfreezes and trains steps 4-6.
 template <class Policies, class Before>
 result frozen_resumed(int world, const zshard::engine_config& cfg, const std::string& dir, Before&& before_load,
-                      void (*prepare)(skip_model&) = nullptr, bool wake = false) {
+                      void (*prepare)(skip_model&) = nullptr, bool wake = false, bool restart_lost = false) {
   return on_skip_ranks<Policies>(
       world, cfg,
       [&](auto& eng, const skip_model& sm) {
         before_load(eng, sm);
         if (eng.spec().params()[sm.a].trainable) eng.set_trainable(sm.a, false);
-        const auto info = ck::load(eng, dir, {.chunk_bytes = 4096});
+        const auto info = ck::load(eng, dir, {.chunk_bytes = 4096, .restart_lost_frozen_state = restart_lost});
         unfreeze_phase(eng, sm, wake);
         return info.update_counts_restored;
       },
@@ -466,8 +466,8 @@ TEST_CASE("frozen parameters: a checkpoint without a parameter's state (it never
   }
 }
 
-TEST_CASE("frozen parameters: a format 3 checkpoint (no state of frozen parameters) starts a trained, frozen "
-          "parameter's state over, naming it in the log") {
+TEST_CASE("frozen parameters: a format 3 checkpoint (no state of frozen parameters) is refused where a frozen "
+          "parameter had updates; allowed, its state starts over, named in the log") {
   temp_dir dir;
   save_frozen<zshard::default_policies>(2, options(), dir.path());
   nlohmann::json j = read_manifest(dir.path());
@@ -482,22 +482,34 @@ TEST_CASE("frozen parameters: a format 3 checkpoint (no state of frozen paramete
     std::lock_guard lock(mu);
     if (line.find("checkpoint") != std::string::npos) notes.push_back(line);
   };
-  // `a` kept state in the loading engine (built trainable, then frozen): reset to a fresh start
-  const result reset = frozen_resumed<zshard::default_policies>(3, options(log), dir.path(), [](auto& eng, const skip_model&) {
-    CHECK(eng.has_optimizer_state(0));
+  // By default the load refuses, on every rank, naming `a` only; the engine is untouched.
+  on_skip_ranks<zshard::default_policies>(2, options(), [&](auto& eng, const skip_model& sm) {
+    eng.set_trainable(sm.a, false);
+    const auto before = eng.update_counts();
+    CHECK_THROWS_WITH_AS(ck::load(eng, dir.path()),
+                         doctest::Contains("lacks the optimizer state (m, v) of frozen parameter(s) 'a', which had "
+                                           "updates before they were frozen"),
+                         zshard::error);
+    CHECK(eng.update_counts() == before);
+    return false;
   });
+  // `a` kept state in the loading engine (built trainable, then frozen): reset to a fresh start
+  const result reset = frozen_resumed<zshard::default_policies>(
+      3, options(log), dir.path(), [](auto& eng, const skip_model&) { CHECK(eng.has_optimizer_state(0)); }, nullptr,
+      false, /*restart_lost=*/true);
   REQUIRE(notes.size() == 1);
   CHECK(notes[0].find("(format version 3) lacks the optimizer state of frozen parameter(s) 'a',") != std::string::npos);
   CHECK(notes[0].find("'frozen'") == std::string::npos);  // never trained: nothing lost
   // the same as an engine that never had state for `a` and creates it at the unfreeze
-  const result created = frozen_resumed<zshard::default_policies>(3, options(), dir.path(), frozen_from_start);
+  const result created = frozen_resumed<zshard::default_policies>(
+      3, options(), dir.path(), [](auto&, const skip_model&) {}, frozen_from_start, false, /*restart_lost=*/true);
   CHECK(reset.counts == std::vector<std::int64_t>{3, 5, 3, 0});  // a: 3 updates after the restart
   CHECK(created.counts == reset.counts);
   CHECK(same_bits(reset.state, created.state));
   CHECK(!same_bits(reset.state, frozen_straight<zshard::default_policies>(3, options()).state));  // not exact
   on_skip_ranks<zshard::default_policies>(2, options(), [&](auto& eng, const skip_model& sm) {
     eng.set_trainable(sm.a, false);
-    const auto info = ck::load(eng, dir.path());
+    const auto info = ck::load(eng, dir.path(), {.restart_lost_frozen_state = true});
     CHECK(!info.frozen_state_restored);
     CHECK(eng.update_counts() == std::vector<std::int64_t>{0, 2, 0, 0});  // `a` starts over
     return false;

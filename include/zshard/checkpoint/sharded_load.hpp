@@ -27,8 +27,9 @@
 // Offloader that cannot, state on NVMe, is refused before anything changes, naming the
 // parameter). A parameter whose state the checkpoint lacks (it never trained, or a version 1 to
 // 3 checkpoint) starts its state over as a first unfreeze would: master from the loaded working
-// value, m = v = 0, update count 0; where its saved count was above 0 (moments lost in an older
-// format), the log says so, naming it.
+// value, m = v = 0, update count 0. Where its saved count was above 0 (moments lost in an older
+// format) the load refuses, naming it, unless load_options::restart_lost_frozen_state allows the
+// restart (the log then names it): continuing with zero moments is not the run that was saved.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -54,6 +55,10 @@ struct load_options {
   // file leaves the engine untouched (costs a second read of every file)
   bool verify_before_loading = false;
   io_hook hook{};  // tests: sees every file-system call of the load (io_hook.hpp): a failing disk, a truncated file
+  // A format 1 to 3 checkpoint lacks the optimizer state of parameters frozen at the save; where
+  // one had updates (its m and v are lost), the load refuses unless this is true: then their
+  // AdamW state starts over (update count 0, m = v = 0), which is not the run that was saved.
+  bool restart_lost_frozen_state = false;
 };
 
 struct loaded_checkpoint {
@@ -106,6 +111,7 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
   manifest m;
   std::map<int, std::unique_ptr<safetensors_file>> files;
   std::vector<const manifest_param*> by_param(eng.spec().params().size(), nullptr);
+  std::string lost;  // frozen parameters whose updates were saved but not their moments (format 1 to 3)
   // Allocated at the first piece that needs it (a dtype conversion, device memory): a load
   // into host memory of the same dtypes reads straight into the engine and allocates nothing.
   lazy_host_staging<typename Engine::backend_type> chunk(eng.backend(), o.chunk_bytes);
@@ -179,6 +185,17 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         }
       }
     }
+    for (param_id p = 0; p < by_param.size(); ++p)  // frozen with updates, but their moments were not saved
+      if (m.update_counts && !by_param[p]->optimizer_state &&
+          (*m.update_counts)[static_cast<std::size_t>(by_param[p] - m.params.data())] > 0)
+        lost += std::string(lost.empty() ? "" : ", ") + "'" + by_param[p]->name + "'";
+    if (!lost.empty() && !o.restart_lost_frozen_state)
+      throw error(error_kind::config,
+                  "'" + mpath + "' (format version " + std::to_string(m.version) +
+                      ") lacks the optimizer state (m, v) of frozen parameter(s) " + lost +
+                      ", which had updates before they were frozen: a resumed run would not be the run that was saved",
+                  "set load_options::restart_lost_frozen_state to start their AdamW state over (update count 0, "
+                  "m = v = 0); checkpoints of format " + std::to_string(manifest_version) + " keep it");
     if (o.verify_checksums && o.verify_before_loading)
       for (int q = rank; q < m.world_size; q += world) verify_file(open(q), m.files[static_cast<std::size_t>(q)]);
     if (o.verify_checksums && !o.verify_before_loading)
@@ -249,13 +266,10 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
     eng.restore_run_counters(m.run);
     // A parameter without saved state starts over at count 0; format 1: the others at the step.
     std::vector<std::int64_t> counts(by_param.size(), m.run.step);
-    std::string lost;  // frozen parameters whose updates were saved but not their moments
     for (param_id p = 0; p < by_param.size(); ++p) {
       const auto i = static_cast<std::size_t>(by_param[p] - m.params.data());
       if (m.update_counts) counts[p] = (*m.update_counts)[i];
-      if (by_param[p]->optimizer_state) continue;
-      if (m.update_counts && counts[p] > 0) lost += std::string(lost.empty() ? "" : ", ") + "'" + by_param[p]->name + "'";
-      counts[p] = 0;
+      if (!by_param[p]->optimizer_state) counts[p] = 0;
     }
     if (m.update_counts || std::any_of(by_param.begin(), by_param.end(), [](auto* mp) { return !mp->optimizer_state; }))
       eng.restore_update_counts(counts);
