@@ -122,20 +122,24 @@ TEST_CASE("manifest checksum: a changed digit of the run state is refused on eve
   });
 }
 
-TEST_CASE("manifest checksum: a version 2 manifest still loads and the log says it has none; version 3 needs it") {
+TEST_CASE("manifest checksum: a version 2 manifest still loads and the log says it has none; versions 3 and 4 need it") {
   temp_dir dir;
   const full_state saved = checksummed_checkpoint(dir.path());
   const std::string path = manifest_path(dir.path());
   const std::string good = ck::read_small_file(path);
   // the file is JSON as it was, with one more field, last
   nlohmann::json j = nlohmann::json::parse(good);
-  CHECK(j["version"] == 3);
+  CHECK(j["version"] == ck::manifest_version);
   CHECK(j["manifest_crc32c"].is_number_unsigned());
   CHECK(good.ends_with("\n \"manifest_crc32c\": " + std::to_string(j["manifest_crc32c"].get<std::uint64_t>()) + "\n}\n"));
   j.erase("manifest_crc32c");
-  // what a version 3 save would be without it: refused
-  ck::write_small_file(path, j.dump(1));
-  CHECK(checksum_failed_load(dir.path()).find("format version 3 without \"manifest_crc32c\"") != std::string::npos);
+  // what a version 3 or 4 save would be without it: refused
+  for (int version : {3, 4}) {
+    j["version"] = version;
+    ck::write_small_file(path, j.dump(1));
+    CHECK(checksum_failed_load(dir.path()).find("format version " + std::to_string(version) +
+                                                " without \"manifest_crc32c\"") != std::string::npos);
+  }
   // what zshard wrote before format 3: loads, bit for bit, and says what it lacks
   j["version"] = 2;
   ck::write_small_file(path, j.dump(1));
@@ -155,10 +159,10 @@ TEST_CASE("manifest checksum: a version 2 manifest still loads and the log says 
   REQUIRE(notes.size() == 1);
   CHECK(notes[0].find("(format version 2) has no checksum of its manifest") != std::string::npos);
   CHECK(notes[0].find("update counts") == std::string::npos);
-  CHECK(notes[0].find("writes format 3") != std::string::npos);
+  CHECK(notes[0].find("writes format 4") != std::string::npos);
   // a version 2 manifest that does carry a checksum is held to it (a version digit changed)
   std::string v2 = good;
-  v2.replace(v2.find("\"version\": 3"), 12, "\"version\": 2");
+  v2.replace(v2.find("\"version\": 4"), 12, "\"version\": 2");
   ck::write_small_file(path, v2);
   CHECK(checksum_failed_load(dir.path()).find("fails its checksum") != std::string::npos);
 }

@@ -65,7 +65,7 @@ void train(Engine& eng, const skip_model& sm, int first, int count) {
       auto g = eng.backward(m);
       const auto& ps = sm.spec.modules()[m].params;
       for (std::size_t k = 0; k < ps.size(); ++k) {
-        if (!sm.spec.params()[ps[k]].trainable) continue;
+        if (!eng.spec().params()[ps[k]].trainable) continue;  // the engine's flag: set_trainable changes it
         float* gd = g.grad_data(k);
         for (std::size_t i = 0; i < std::size_t(sm.spec.params()[ps[k]].shape.numel()); ++i)
           gd[i] += grad_value(step, ps[k], i);
@@ -88,12 +88,14 @@ zshard::engine_config options(zshard::log_sink log = [](const std::string&) {}) 
   return c;
 }
 
+// prepare: changes the model before the engine is built (which parameters are frozen from the start).
 template <class Policies, class Fn>
-result on_skip_ranks(int world, const zshard::engine_config& cfg, Fn&& fn) {
+result on_skip_ranks(int world, const zshard::engine_config& cfg, Fn&& fn, void (*prepare)(skip_model&) = nullptr) {
   result out;
   std::mutex mu;
   zshard::run_ranks(world, [&](zshard::thread_comm& comm) {
     skip_model sm;
+    if (prepare) prepare(sm);
     zshard::host_backend backend;
     zshard::engine<zshard::host_backend, zshard::thread_comm, Policies> eng(backend, comm, sm.spec, cfg);
     const bool restored = fn(eng, sm);
@@ -202,7 +204,7 @@ TEST_CASE("update counts: the manifest holds them (format 2); a format 1 checkpo
     return false;
   });
   nlohmann::json j = read_manifest(dir.path());
-  CHECK(j["version"] == 3);
+  CHECK(j["version"] == 4);
   CHECK(j["update_counts"] == nlohmann::json::array({3, 1, 0, 0}));
   // what zshard wrote before format 2
   j["version"] = 1;
@@ -216,7 +218,8 @@ TEST_CASE("update counts: the manifest holds them (format 2); a format 1 checkpo
   };
   const result old = on_skip_ranks<zshard::default_policies>(3, options(log), [&](auto& eng, const skip_model& sm) {
     const auto info = ck::load(eng, dir.path());
-    CHECK(eng.update_counts() == std::vector<std::int64_t>(4, 3));  // every parameter at the step
+    // every parameter at the step, but `frozen`: no state saved, it starts over (count 0)
+    CHECK(eng.update_counts() == std::vector<std::int64_t>{3, 3, 3, 0});
     train(eng, sm, 3, 4);
     return info.update_counts_restored;
   });
@@ -261,9 +264,13 @@ TEST_CASE("update counts: damaged or mismatched counts are refused, naming the m
   e = damaged([](nlohmann::json& j) { j["update_counts"] = 3; });
   CHECK(e.find("\"update_counts\" is not an array") != std::string::npos);
   e = damaged([](nlohmann::json& j) { j.erase("update_counts"); });
-  CHECK(e.find("format version 3 without \"update_counts\"") != std::string::npos);
-  e = damaged([](nlohmann::json& j) { j["version"] = 4; });
-  CHECK(e.find("format version 4, this zshard reads 1 to 3") != std::string::npos);
+  CHECK(e.find("format version 4 without \"update_counts\"") != std::string::npos);
+  e = damaged([](nlohmann::json& j) { j["version"] = 5; });
+  CHECK(e.find("format version 5, this zshard reads 1 to 4") != std::string::npos);
+  e = damaged([](nlohmann::json& j) { j["params"][3].erase("optimizer_state"); });
+  CHECK(e.find("format version 4 without \"optimizer_state\" for parameter 'frozen'") != std::string::npos);
+  e = damaged([](nlohmann::json& j) { j["params"][0]["optimizer_state"] = false; });
+  CHECK(e.find("trainable parameter 'a' without optimizer state") != std::string::npos);
   // the good manifest still loads, exactly; a chunk too small for one element is refused first
   write_manifest(dir.path(), good);
   on_skip_ranks<zshard::default_policies>(2, options(), [&](auto& eng, const skip_model&) {
@@ -287,6 +294,224 @@ TEST_CASE("update counts: restore_update_counts validates before it changes anyt
     CHECK(eng.update_counts() == counts);
     eng.restore_update_counts({2, 2, 1, 0});
     CHECK(eng.update_counts() == std::vector<std::int64_t>{2, 2, 1, 0});
+    return false;
+  });
+}
+
+// ---- Frozen parameters keep their optimizer state (set_trainable); checkpoints save it ----------
+// `a` trains in steps 0-2 and is frozen for step 3: it keeps its master, m, v and update count 3.
+// The checkpoint is taken after step 3; then `a` is unfrozen (and, with `wake`, `frozen`, which
+// never trained: its state is created now) and steps 4-6 run. A resumed run must equal the
+// uninterrupted one bit for bit: zero moments under the saved count would not.
+namespace {
+
+template <class Engine>
+void freeze_phase(Engine& eng, const skip_model& sm) {
+  train(eng, sm, 0, 3);
+  eng.set_trainable(sm.a, false);
+  train(eng, sm, 3, 1);
+}
+template <class Engine>
+void unfreeze_phase(Engine& eng, const skip_model& sm, bool wake) {
+  eng.set_trainable(sm.a, true);
+  if (wake) eng.set_trainable(sm.frozen, true);
+  train(eng, sm, 4, 3);
+}
+
+template <class Policies>
+result frozen_straight(int world, const zshard::engine_config& cfg, bool wake = false) {
+  return on_skip_ranks<Policies>(world, cfg, [&](auto& eng, const skip_model& sm) {
+    freeze_phase(eng, sm);
+    unfreeze_phase(eng, sm, wake);
+    return false;
+  });
+}
+
+template <class Policies>
+void save_frozen(int world, const zshard::engine_config& cfg, const std::string& dir) {
+  on_skip_ranks<Policies>(world, cfg, [&](auto& eng, const skip_model& sm) {
+    freeze_phase(eng, sm);
+    ck::save(eng, dir);
+    return false;
+  });
+}
+
+// A fresh engine (built after `prepare`) runs before_load(eng, sm), freezes `a` as it was saved,
+// loads, unfreezes and trains steps 4-6.
+template <class Policies, class Before>
+result frozen_resumed(int world, const zshard::engine_config& cfg, const std::string& dir, Before&& before_load,
+                      void (*prepare)(skip_model&) = nullptr, bool wake = false, bool restart_lost = false) {
+  return on_skip_ranks<Policies>(
+      world, cfg,
+      [&](auto& eng, const skip_model& sm) {
+        before_load(eng, sm);
+        if (eng.spec().params()[sm.a].trainable) eng.set_trainable(sm.a, false);
+        const auto info = ck::load(eng, dir, {.chunk_bytes = 4096, .restart_lost_frozen_state = restart_lost});
+        unfreeze_phase(eng, sm, wake);
+        return info.update_counts_restored;
+      },
+      prepare);
+}
+template <class Policies>
+result frozen_resumed(int world, const zshard::engine_config& cfg, const std::string& dir,
+                      void (*prepare)(skip_model&) = nullptr) {
+  return frozen_resumed<Policies>(world, cfg, dir, [](auto&, const skip_model&) {}, prepare);
+}
+
+zshard::engine_config on_nvme(const std::string& nvme_dir) {
+  auto c = options();
+  c.offload.params = zshard::offload_tier::host;
+  c.offload.optimizer_state = zshard::offload_tier::nvme;
+  c.offload.nvme_path = nvme_dir;
+  c.offload.nvme_chunk_numel = 1024;
+  c.offload.nvme_buffer_count = 3;
+  return c;
+}
+
+template <class Policies>
+void frozen_state_resumes_exactly(const zshard::engine_config& cfg, std::initializer_list<std::pair<int, int>> worlds) {
+  const result want = frozen_straight<Policies>(1, cfg);
+  CHECK(want.counts == std::vector<std::int64_t>{6, 5, 3, 0});  // a: 3 before the freeze, 3 after
+  for (auto [a, b] : worlds) {
+    INFO("saved at world " << a << ", resumed at world " << b);
+    temp_dir dir;
+    save_frozen<Policies>(a, cfg, dir.path());
+    const result r = frozen_resumed<Policies>(b, cfg, dir.path());
+    CHECK(r.restored);
+    CHECK(r.counts == want.counts);
+    CHECK(same_bits(r.state, want.state));
+  }
+}
+
+void frozen_from_start(skip_model& sm) { sm.spec.set_trainable(sm.a, false); }
+void frozen_trainable(skip_model& sm) { sm.spec.set_trainable(sm.frozen, true); }
+
+}  // namespace
+
+TEST_CASE("frozen parameters: a checkpoint keeps a frozen parameter's optimizer state; unfrozen, the resumed run "
+          "is bit for bit (both Offloaders, NVMe; worlds 1-3, 2->3, 3->2)") {
+  SUBCASE("on_device") {
+    frozen_state_resumes_exactly<zshard::default_policies>(options(), {{1, 1}, {2, 2}, {3, 3}, {2, 3}, {3, 2}});
+  }
+  SUBCASE("host_adam") {
+    frozen_state_resumes_exactly<host_adam_policies>(options(), {{1, 1}, {2, 2}, {3, 3}, {2, 3}, {3, 2}});
+  }
+  SUBCASE("host_adam, parameters in host memory, optimizer state on NVMe") {
+    temp_dir scratch;
+    frozen_state_resumes_exactly<host_adam_policies>(on_nvme(scratch.path()), {{1, 1}, {2, 3}});
+  }
+}
+
+TEST_CASE("frozen parameters: loaded into an engine that has no state for one (frozen from the start), the load "
+          "creates it; on NVMe, where it cannot, the load is refused naming the parameter, the engine untouched") {
+  const auto check = [](auto policies) {
+    using P = decltype(policies);
+    const result want = frozen_straight<P>(1, options());
+    for (auto [a, b] : {std::pair{2, 2}, {3, 2}}) {
+      INFO("saved at world " << a << ", resumed at world " << b);
+      temp_dir dir;
+      save_frozen<P>(a, options(), dir.path());
+      const result r = frozen_resumed<P>(b, options(), dir.path(), frozen_from_start);
+      CHECK(r.counts == want.counts);
+      CHECK(same_bits(r.state, want.state));
+    }
+  };
+  check(zshard::default_policies{});
+  check(host_adam_policies{});
+  temp_dir scratch, dir;
+  const auto cfg = on_nvme(scratch.path());
+  save_frozen<host_adam_policies>(2, cfg, dir.path());
+  std::mutex mu;
+  std::vector<std::string> errors;
+  on_skip_ranks<host_adam_policies>(
+      2, cfg,
+      [&](auto& eng, const skip_model&) {
+        std::string what;
+        try {
+          ck::load(eng, dir.path());
+        } catch (const zshard::error& e) {
+          what = e.what();
+        }
+        CHECK(eng.steps_taken() == 0);
+        CHECK(eng.update_counts() == std::vector<std::int64_t>(4, 0));
+        std::lock_guard lock(mu);
+        errors.push_back(what);
+        return false;
+      },
+      frozen_from_start);
+  REQUIRE(errors.size() == 2);
+  CHECK(errors[0] == errors[1]);
+  CHECK(errors[0].find("'a'") != std::string::npos);
+  CHECK(errors[0].find("NVMe") != std::string::npos);
+}
+
+TEST_CASE("frozen parameters: a checkpoint without a parameter's state (it never trained) resets the state an "
+          "engine kept for it, as a first unfreeze creates it") {
+  temp_dir dir;
+  save_frozen<zshard::default_policies>(2, options(), dir.path());  // `frozen` never trained: no state saved
+  for (int world : {2, 3}) {
+    INFO("world " << world);
+    const result want = frozen_straight<zshard::default_policies>(world, options(), /*wake=*/true);
+    CHECK(want.counts == std::vector<std::int64_t>{6, 5, 3, 3});
+    // An engine in which `frozen` trained (moments, count 7), then frozen: its state is stale.
+    const result r = frozen_resumed<zshard::default_policies>(
+        world, options(), dir.path(),
+        [](auto& eng, const skip_model& sm) {
+          train(eng, sm, 0, 7);
+          eng.set_trainable(sm.frozen, false);
+        },
+        frozen_trainable, /*wake=*/true);
+    CHECK(r.counts == want.counts);
+    CHECK(same_bits(r.state, want.state));
+  }
+}
+
+TEST_CASE("frozen parameters: a format 3 checkpoint (no state of frozen parameters) is refused where a frozen "
+          "parameter had updates; allowed, its state starts over, named in the log") {
+  temp_dir dir;
+  save_frozen<zshard::default_policies>(2, options(), dir.path());
+  nlohmann::json j = read_manifest(dir.path());
+  CHECK(j["params"][0]["optimizer_state"] == true);  // `a`, frozen, kept its state: saved
+  CHECK(j["params"][3]["optimizer_state"] == false);  // `frozen` never trained
+  j["version"] = 3;  // what zshard wrote before format 4: state of trainable parameters only
+  for (auto& p : j["params"]) p.erase("optimizer_state");
+  write_manifest(dir.path(), j);
+  std::mutex mu;
+  std::vector<std::string> notes;
+  const auto log = [&](const std::string& line) {
+    std::lock_guard lock(mu);
+    if (line.find("checkpoint") != std::string::npos) notes.push_back(line);
+  };
+  // By default the load refuses, on every rank, naming `a` only; the engine is untouched.
+  on_skip_ranks<zshard::default_policies>(2, options(), [&](auto& eng, const skip_model& sm) {
+    eng.set_trainable(sm.a, false);
+    const auto before = eng.update_counts();
+    CHECK_THROWS_WITH_AS(ck::load(eng, dir.path()),
+                         doctest::Contains("lacks the optimizer state (m, v) of frozen parameter(s) 'a', which had "
+                                           "updates before they were frozen"),
+                         zshard::error);
+    CHECK(eng.update_counts() == before);
+    return false;
+  });
+  // `a` kept state in the loading engine (built trainable, then frozen): reset to a fresh start
+  const result reset = frozen_resumed<zshard::default_policies>(
+      3, options(log), dir.path(), [](auto& eng, const skip_model&) { CHECK(eng.has_optimizer_state(0)); }, nullptr,
+      false, /*restart_lost=*/true);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].find("(format version 3) lacks the optimizer state of frozen parameter(s) 'a',") != std::string::npos);
+  CHECK(notes[0].find("'frozen'") == std::string::npos);  // never trained: nothing lost
+  // the same as an engine that never had state for `a` and creates it at the unfreeze
+  const result created = frozen_resumed<zshard::default_policies>(
+      3, options(), dir.path(), [](auto&, const skip_model&) {}, frozen_from_start, false, /*restart_lost=*/true);
+  CHECK(reset.counts == std::vector<std::int64_t>{3, 5, 3, 0});  // a: 3 updates after the restart
+  CHECK(created.counts == reset.counts);
+  CHECK(same_bits(reset.state, created.state));
+  CHECK(!same_bits(reset.state, frozen_straight<zshard::default_policies>(3, options()).state));  // not exact
+  on_skip_ranks<zshard::default_policies>(2, options(), [&](auto& eng, const skip_model& sm) {
+    eng.set_trainable(sm.a, false);
+    const auto info = ck::load(eng, dir.path(), {.restart_lost_frozen_state = true});
+    CHECK(!info.frozen_state_restored);
+    CHECK(eng.update_counts() == std::vector<std::int64_t>{0, 2, 0, 0});  // `a` starts over
     return false;
   });
 }

@@ -6,8 +6,9 @@
 //
 // Rank q's file, rank-0000q.safetensors, holds for every parameter the elements rank q owned
 // at save time (shard_layout::owned_begin/end, padding excluded; a replicated parameter is in
-// rank 0's file only): tensor "<name>:working" in the parameter's dtype and, for trainable
-// parameters, "<name>:master", "<name>:m", "<name>:v" in F32 — each a 1-d tensor. Any rank
+// rank 0's file only): tensor "<name>:working" in the parameter's dtype and, for parameters with
+// optimizer state ("optimizer_state": trainable ones, and frozen ones with the state they kept),
+// "<name>:master", "<name>:m", "<name>:v" in F32 — each a 1-d tensor. Any rank
 // count can read them back (resharding): element g of a parameter lives in the file of the
 // rank that owned g.
 //
@@ -21,6 +22,11 @@
 //   3  "manifest_crc32c", the last field: CRC32C of every byte of the file before its key
 //      (seal_manifest). Any change to the file, a single byte anywhere, is refused; a version 1
 //      or 2 manifest has none and still loads, with a note in the log.
+//   4  "optimizer_state" per parameter: whether its files hold master, m and v. A frozen
+//      parameter keeps its state (set_trainable), and a save writes it; versions 1 to 3 wrote
+//      state for trainable parameters only, so a frozen one's kept moments are not there: a load
+//      starts its state over (update count 0, m = v = 0) and says so in the log when its saved
+//      count was above 0.
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
@@ -40,7 +46,7 @@
 namespace zshard::checkpoint {
 
 inline constexpr const char* manifest_format = "zshard-checkpoint";
-inline constexpr int manifest_version = 3;         // written
+inline constexpr int manifest_version = 4;         // written
 inline constexpr int manifest_oldest_version = 1;  // still read
 
 struct manifest_param {
@@ -50,6 +56,7 @@ struct manifest_param {
   bool trainable = true, decay = true;
   std::uint64_t numel = 0, shard_numel = 0;
   bool replicated = false;
+  bool optimizer_state = true;   // the files hold master, m, v (version 4; before: trainable ones only)
   bool file_transposed = false;  // exports write it as its transpose ("file_transposed": true; absent: false)
 
   // Its shape in an export: reversed when the files hold the transpose.
@@ -158,7 +165,8 @@ struct manifest {
                     {"decay", p.decay},
                     {"numel", p.numel},
                     {"shard_numel", p.shard_numel},
-                    {"replicated", p.replicated}});
+                    {"replicated", p.replicated},
+                    {"optimizer_state", p.optimizer_state}});
       if (p.file_transposed) ps.back()["file_transposed"] = true;  // only when set: older readers' manifests stay as they were
     }
     auto file_json = [](const manifest_file& f) {
@@ -243,6 +251,11 @@ struct manifest {
         mp.numel = p.at("numel").get<std::uint64_t>();
         mp.shard_numel = p.at("shard_numel").get<std::uint64_t>();
         mp.replicated = p.at("replicated").get<bool>();
+        if (version >= 4 && !p.contains("optimizer_state"))
+          throw bad("format version " + std::to_string(version) + " without \"optimizer_state\" for parameter '" +
+                    mp.name + "'");
+        mp.optimizer_state = version >= 4 ? p.at("optimizer_state").get<bool>() : mp.trainable;
+        if (mp.trainable && !mp.optimizer_state) throw bad("trainable parameter '" + mp.name + "' without optimizer state");
         mp.file_transposed = p.contains("file_transposed") && p.at("file_transposed").get<bool>();
         if (mp.file_transposed && mp.shape.size() != 2) throw bad("parameter '" + mp.name + "' is file_transposed but not 2-D");
         std::uint64_t n = 1;

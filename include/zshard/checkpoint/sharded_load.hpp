@@ -21,8 +21,18 @@
 // Older formats still load, and the load says once in the log (engine_config::log) what they
 // lack: version 1 has no per-parameter update counts (every parameter's AdamW count continues
 // from the run's step), versions 1 and 2 no checksum of the manifest itself (manifest.hpp).
+//
+// Frozen parameters: a checkpoint holds the optimizer state a frozen parameter kept
+// (set_trainable), and the load writes it, creating it first where this engine has none (an
+// Offloader that cannot, state on NVMe, is refused before anything changes, naming the
+// parameter). A parameter whose state the checkpoint lacks (it never trained, or a version 1 to
+// 3 checkpoint) starts its state over as a first unfreeze would: master from the loaded working
+// value, m = v = 0, update count 0. Where its saved count was above 0 (moments lost in an older
+// format) the load refuses, naming it, unless load_options::restart_lost_frozen_state allows the
+// restart (the log then names it): continuing with zero moments is not the run that was saved.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -45,6 +55,10 @@ struct load_options {
   // file leaves the engine untouched (costs a second read of every file)
   bool verify_before_loading = false;
   io_hook hook{};  // tests: sees every file-system call of the load (io_hook.hpp): a failing disk, a truncated file
+  // A format 1 to 3 checkpoint lacks the optimizer state of parameters frozen at the save; where
+  // one had updates (its m and v are lost), the load refuses unless this is true: then their
+  // AdamW state starts over (update count 0, m = v = 0), which is not the run that was saved.
+  bool restart_lost_frozen_state = false;
 };
 
 struct loaded_checkpoint {
@@ -56,6 +70,9 @@ struct loaded_checkpoint {
   bool update_counts_restored = false;
   // false: a format 1 or 2 checkpoint, whose manifest has no checksum of its own
   bool manifest_verified = false;
+  // false: a frozen parameter had updates (count above 0) but its kept optimizer state is not in
+  // the checkpoint (format 1 to 3); its state started over (the log names it)
+  bool frozen_state_restored = true;
 };
 
 // The elements of parameter p this rank holds in the engine: [first, second) (its own shard,
@@ -64,6 +81,23 @@ template <class Engine>
 std::pair<std::uint64_t, std::uint64_t> held_range(Engine& eng, param_id p) {
   const auto& l = eng.layout(p);
   return {l.owned_begin(eng.comm().rank()), l.owned_end(eng.comm().rank())};
+}
+
+// p's optimizer state as a first unfreeze creates it: master = the working shard widened to f32,
+// m = v = 0 (the whole shard, padding included), through the one chunk.
+template <class Engine, class Chunk>
+void restart_state(Engine& eng, param_id p, Chunk& chunk) {
+  const std::uint64_t n = eng.layout(p).shard_numel;
+  const dtype t = eng.store()[p].type;
+  chunked_copy(
+      static_cast<char*>(chunk.data()), chunk.bytes(), n, t, dtype::f32,
+      [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, state_field::working, first, dst, k); },
+      [&](std::uint64_t first, std::size_t k, const void* src) { eng.write_shard(p, state_field::master, first, src, k); });
+  for (state_field f : {state_field::m, state_field::v})
+    chunked_copy(
+        static_cast<char*>(chunk.data()), chunk.bytes(), n, dtype::f32, dtype::f32,
+        [&](std::uint64_t, std::size_t k, void* dst) { std::memset(dst, 0, k * sizeof(float)); },
+        [&](std::uint64_t first, std::size_t k, const void* src) { eng.write_shard(p, f, first, src, k); });
 }
 
 template <class Engine>
@@ -77,6 +111,7 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
   manifest m;
   std::map<int, std::unique_ptr<safetensors_file>> files;
   std::vector<const manifest_param*> by_param(eng.spec().params().size(), nullptr);
+  std::string lost;  // frozen parameters whose updates were saved but not their moments (format 1 to 3)
   // Allocated at the first piece that needs it (a dtype conversion, device memory): a load
   // into host memory of the same dtypes reads straight into the engine and allocates nothing.
   lazy_host_staging<typename Engine::backend_type> chunk(eng.backend(), o.chunk_bytes);
@@ -119,12 +154,19 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
       const manifest_param* mp =
           &*std::find_if(m.params.begin(), m.params.end(), [&](auto& x) { return x.name == name; });
       by_param[p] = mp;
+      if (mp->optimizer_state && !eng.can_add_optimizer_state(p))
+        throw error(error_kind::config,
+                    "'" + mpath + "' holds the optimizer state that frozen parameter '" + name +
+                        "' kept (set_trainable), but this engine has none for it and its Offloader cannot create it "
+                        "(e.g. optimizer state on NVMe, which has room only for the parameters trainable when the engine "
+                        "was built)",
+                    "build the engine with '" + name + "' trainable and freeze it (set_trainable) before the load");
       const auto [b, e] = held_range(eng, p);
       for (int q = 0; q < m.world_size; ++q) {
         const auto [sb, se] = mp->stored_range(q);
         if (std::max(b, sb) >= std::min(e, se)) continue;
         safetensors_file& f = open(q);
-        for (state_field fld : saved_fields(mp->trainable)) {
+        for (state_field fld : saved_fields(mp->optimizer_state)) {
           const tensor_entry* t = f.find(field_tensor(name, fld));
           const file_dtype want = fld == state_field::working ? file_dtype_of(mp->type) : file_dtype::f32;
           if (t && t->type == want && t->numel() != se - sb)  // the file is as saved (its size matched): the layout is not
@@ -143,6 +185,17 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         }
       }
     }
+    for (param_id p = 0; p < by_param.size(); ++p)  // frozen with updates, but their moments were not saved
+      if (m.update_counts && !by_param[p]->optimizer_state &&
+          (*m.update_counts)[static_cast<std::size_t>(by_param[p] - m.params.data())] > 0)
+        lost += std::string(lost.empty() ? "" : ", ") + "'" + by_param[p]->name + "'";
+    if (!lost.empty() && !o.restart_lost_frozen_state)
+      throw error(error_kind::config,
+                  "'" + mpath + "' (format version " + std::to_string(m.version) +
+                      ") lacks the optimizer state (m, v) of frozen parameter(s) " + lost +
+                      ", which had updates before they were frozen: a resumed run would not be the run that was saved",
+                  "set load_options::restart_lost_frozen_state to start their AdamW state over (update count 0, "
+                  "m = v = 0); checkpoints of format " + std::to_string(manifest_version) + " keep it");
     if (o.verify_checksums && o.verify_before_loading)
       for (int q = rank; q < m.world_size; q += world) verify_file(open(q), m.files[static_cast<std::size_t>(q)]);
     if (o.verify_checksums && !o.verify_before_loading)
@@ -162,6 +215,8 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
   agree(eng, what, [&] {
     try {
       std::map<int, std::vector<load_piece>> pieces;
+      for (param_id p = 0; p < by_param.size(); ++p)  // a frozen parameter's saved state needs a place
+        if (by_param[p]->optimizer_state) eng.add_optimizer_state(p);
       for (param_id p = 0; p < by_param.size(); ++p) {
         const manifest_param& mp = *by_param[p];
         const auto [b, e] = held_range(eng, p);
@@ -169,7 +224,7 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
           const auto [sb, se] = mp.stored_range(q);
           const std::uint64_t lo = std::max(b, sb), hi = std::min(e, se);
           if (lo >= hi) continue;
-          for (state_field fld : saved_fields(mp.trainable)) {
+          for (state_field fld : saved_fields(mp.optimizer_state)) {
             const tensor_entry& t = *files.at(q)->find(field_tensor(mp.name, fld));
             load_piece pc;
             pc.from = fld == state_field::working ? mp.type : dtype::f32;
@@ -196,6 +251,8 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
         read_pieces(*f, it == pieces.end() ? std::vector<load_piece>{} : std::move(it->second),
                     mine ? &m.files[static_cast<std::size_t>(q)] : nullptr, chunk);
       }
+      for (param_id p = 0; p < by_param.size(); ++p)  // state the checkpoint lacks starts over
+        if (!by_param[p]->optimizer_state && eng.has_optimizer_state(p)) restart_state(eng, p, chunk);
       chunk.reset();  // before the agreement's small buffers: the peak stays the chunk alone
     } catch (const error& e) {
       chunk.reset();
@@ -207,13 +264,23 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
   });
   try {
     eng.restore_run_counters(m.run);
-    if (m.update_counts) {
-      std::vector<std::int64_t> counts(by_param.size());
-      for (param_id p = 0; p < by_param.size(); ++p)
-        counts[p] = (*m.update_counts)[static_cast<std::size_t>(by_param[p] - m.params.data())];
-      eng.restore_update_counts(counts);
-      out.update_counts_restored = true;
+    // A parameter without saved state starts over at count 0; format 1: the others at the step.
+    std::vector<std::int64_t> counts(by_param.size(), m.run.step);
+    for (param_id p = 0; p < by_param.size(); ++p) {
+      const auto i = static_cast<std::size_t>(by_param[p] - m.params.data());
+      if (m.update_counts) counts[p] = (*m.update_counts)[i];
+      if (!by_param[p]->optimizer_state) counts[p] = 0;
     }
+    if (m.update_counts || std::any_of(by_param.begin(), by_param.end(), [](auto* mp) { return !mp->optimizer_state; }))
+      eng.restore_update_counts(counts);
+    out.update_counts_restored = m.update_counts.has_value();
+    out.frozen_state_restored = lost.empty();
+    if (rank == 0 && !lost.empty())
+      eng.config().say("checkpoint '" + out.path + "' (format version " + std::to_string(m.version) +
+                       ") lacks the optimizer state of frozen parameter(s) " + lost +
+                       ", which had updates before they were frozen: their AdamW state starts over (update count 0, "
+                       "m = v = 0) when unfrozen; a save from this engine writes format " +
+                       std::to_string(manifest_version) + ", which keeps it");
     if (rank == 0 && (!m.update_counts || !m.checksummed)) {  // what an older format lacks, in one note
       std::string lacks;
       if (!m.update_counts)

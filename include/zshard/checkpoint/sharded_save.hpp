@@ -6,7 +6,9 @@
 //     error (an unwritable directory fails here, on every rank, before anyone writes).
 //  2. Every rank streams its own state into rank-0000r.safetensors (manifest.hpp): parameter
 //     by parameter through one chunk of save_options::chunk_bytes, CRC32C on the way, fsync.
-//     With offload::host_adam the optimizer state is written from host memory directly.
+//     With offload::host_adam the optimizer state is written from host memory directly. A frozen
+//     parameter's kept optimizer state (set_trainable) is saved like a trainable one's: its
+//     update count is, and resuming it with zero moments would not be the same run.
 //  3. Ranks meet through marker files, not a collective (rank_writes.hpp): a slow disk cannot
 //     trip the communicator's timeout. Any rank's failure (a full disk included: posting a
 //     marker needs no space) fails the save on every rank at once, with that rank's error.
@@ -62,6 +64,7 @@ manifest describe_engine(Engine& eng) {
     for (int i = 0; i < ps.shape.rank(); ++i) mp.shape.push_back(ps.shape[i]);
     mp.type = eng.store()[p].type;
     mp.trainable = ps.trainable;
+    mp.optimizer_state = eng.has_optimizer_state(p);
     mp.decay = ps.decay;
     mp.numel = l.numel;
     mp.shard_numel = l.shard_numel;
@@ -72,8 +75,9 @@ manifest describe_engine(Engine& eng) {
   return m;
 }
 
-inline std::vector<state_field> saved_fields(bool trainable) {
-  if (trainable) return {state_field::working, state_field::master, state_field::m, state_field::v};
+// The fields a file holds of a parameter: its optimizer state only when it has one.
+inline std::vector<state_field> saved_fields(bool optimizer_state) {
+  if (optimizer_state) return {state_field::working, state_field::master, state_field::m, state_field::v};
   return {state_field::working};
 }
 
@@ -85,7 +89,7 @@ written_file write_rank_file(Engine& eng, const manifest& m, int rank, const std
   for (const auto& p : m.params) {
     const auto [b, e] = p.stored_range(rank);
     if (e == b) continue;
-    for (state_field f : saved_fields(p.trainable))
+    for (state_field f : saved_fields(p.optimizer_state))
       plan.push_back({field_tensor(p.name, f),
                       f == state_field::working ? file_dtype_of(p.type) : file_dtype::f32,
                       {static_cast<std::int64_t>(e - b)}});
@@ -95,7 +99,7 @@ written_file write_rank_file(Engine& eng, const manifest& m, int rank, const std
   for (param_id p = 0; p < m.params.size(); ++p) {
     const auto& mp = m.params[p];
     const auto [b, e] = mp.stored_range(rank);
-    for (state_field f : e == b ? std::vector<state_field>{} : saved_fields(mp.trainable)) {
+    for (state_field f : e == b ? std::vector<state_field>{} : saved_fields(mp.optimizer_state)) {
       const dtype t = f == state_field::working ? mp.type : dtype::f32;
       if (const void* direct = eng.shard_host_data(p, f)) {  // host memory: written from where it lives
         w.write(direct, (e - b) * size_of(t));

@@ -211,6 +211,11 @@ class engine {
   std::int64_t passes() const noexcept { return ctl_.passes; }
   // Collective (every rank, same arguments; checked): freeze / unfreeze p between steps.
   void set_trainable(param_id p, bool trainable) { controls::set_trainable(*this, p, trainable); }
+  // Optimizer state (master, m, v) of p: trainable, or frozen with the state it kept (checkpoints
+  // save and restore it); whether it can be created for frozen p, and creating it (per rank).
+  bool has_optimizer_state(param_id p) const { return controls::has_optimizer_state(*this, p); }
+  bool can_add_optimizer_state(param_id p) const { return controls::can_add_optimizer_state(*this, p); }
+  void add_optimizer_state(param_id p) { controls::add_optimizer_state(*this, p); }
   // Collective: sync off keeps full gradients unreduced across micro-batches (engine/grad_sync.hpp).
   void set_gradient_sync(bool on) { controls::set_gradient_sync(*this, on); }
   bool gradient_sync() const noexcept { return ctl_.sync.enabled(); }

@@ -1,7 +1,8 @@
 #pragma once
 // The engine's per-rank state access (state/state_access.hpp): elements [offset, offset + n) of
 // field f of p's shard on this rank, to or from host memory (working: p's dtype; master, m, v:
-// f32, trainable parameters only, through the Offloader's read_state/write_state). Between
+// f32, parameters with optimizer state: trainable, or frozen with the state they kept; through
+// the Offloader's read_state/write_state). Between
 // steps only; a write of `working` takes effect at the next gather. Checkpoints, pretrained
 // loading and the collective full-state calls (engine/full_state.hpp, state/param_access.hpp)
 // are built on these.
@@ -82,7 +83,8 @@ class shard_state {
                    "state access of " + describe_range(offset, n) + " of parameter '" + s.spec->name +
                        "' whose shard has " + std::to_string(s.layout.shard_numel),
                    "offsets and counts are elements of this rank's shard: [0, layout(p).shard_numel)");
-    ZSHARD_REQUIRE(f == state_field::working || s.spec->trainable, error_kind::usage,
+    // a frozen parameter's kept state too (what checkpoints save of it)
+    ZSHARD_REQUIRE(f == state_field::working || s.spec->trainable || e.has_optimizer_state(p), error_kind::usage,
                    "parameter '" + s.spec->name + "' is frozen: it has no " + std::string(to_string(f)) + " state");
     if constexpr (!state_accessible<offloader_type>)
       ZSHARD_REQUIRE(f == state_field::working, error_kind::usage,

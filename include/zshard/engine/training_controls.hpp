@@ -123,9 +123,42 @@ class training_controls {
     e.spec_.set_trainable(p, trainable);
   }
 
+  // Whether p has optimizer state (master, m, v): trainable now, or frozen with the state it kept.
+  // An Offloader without has_state (offloader.hpp): trainable parameters only.
+  static bool has_optimizer_state(const Engine& e, param_id p) {
+    engine_checks::param_id_in_range(e.spec_, p, "has_optimizer_state");
+    if constexpr (requires { e.offloader_.has_state(p); })
+      return e.offloader_.has_state(p);
+    else
+      return e.spec_.param(p).trainable;
+  }
+  static bool can_add_optimizer_state(const Engine& e, param_id p) {
+    if (has_optimizer_state(e, p)) return true;
+    if constexpr (requires { e.offloader_.has_state(p); } && offloader_with_trainability<typename Engine::offloader_type>) {
+      if constexpr (requires { e.offloader_.can_add_state(p); }) return e.offloader_.can_add_state(p);
+      return true;
+    } else {
+      return false;
+    }
+  }
+  // Gives frozen p the state a first unfreeze creates (master from its working value, m = v = 0,
+  // update count 0) and leaves it frozen: a checkpoint load then writes the state it saved. Per
+  // rank, between steps.
+  static void add_optimizer_state(Engine& e, param_id p) {
+    e.check_between_steps("add_optimizer_state()");
+    if (has_optimizer_state(e, p)) return;
+    ZSHARD_REQUIRE(can_add_optimizer_state(e, p), error_kind::usage,
+                   "frozen parameter '" + e.spec_.param(p).name + "' cannot be given optimizer state by this Offloader",
+                   "build the engine with the parameter trainable and freeze it (set_trainable) afterwards");
+    if constexpr (offloader_with_trainability<typename Engine::offloader_type>) {
+      e.offloader_.set_trainable(p, true);
+      e.offloader_.set_trainable(p, false);
+    }
+  }
+
   // While p was frozen only its working value could be written (write_param, write_shard, a
-  // checkpoint load: a frozen parameter has no master to write), so the master kept from before
-  // the freeze is stale wherever the working value changed. Where the working value is not the
+  // checkpoint load of a parameter whose state the checkpoint lacks), so the master kept from
+  // before the freeze is stale wherever the working value changed. Where the working value is not the
   // master's rounding to p's dtype, the master becomes the working value widened to f32; elsewhere
   // it keeps its f32 precision. m, v and the update count stay, as torch.optim keeps a parameter's
   // state when its value is replaced. One pass over the shard, through host memory, per unfreeze.
@@ -136,9 +169,7 @@ class training_controls {
       const std::size_t n = s.layout.shard_numel, w = size_of(s.type);
       std::vector<std::byte> working(n * w), rounded(n * w);
       std::vector<float> master(n), widened(n);
-      auto& compute = e.store_.streams().on(stream_role::compute);
-      e.backend_.copy(working.data(), s.shard.data(), working.size(), compute);
-      e.backend_.synchronize(compute);
+      e.read_shard(p, state_field::working, 0, working.data(), n);  // wherever it lives (host memory when offloaded)
       e.offloader_.read_state(p, state_field::master, 0, master.data(), n);
       convert(master.data(), dtype::f32, rounded.data(), s.type, n);
       convert(working.data(), s.type, widened.data(), dtype::f32, n);

@@ -259,6 +259,11 @@ class host_adam_impl : private host_layout<Backend> {
     layout::plan_tiles();
     tile_stats_.assign(tiles_.size(), grad_stats{});
   }
+  // Whether p has optimizer state: trainable now, or frozen with the state it kept (checkpoints
+  // save it); and whether a parameter without any can be given it (not on NVMe, whose state files
+  // were sized at construction).
+  bool has_state(param_id p) const noexcept { return p < params_.size() && params_[p].has_state; }
+  bool can_add_state(param_id p) const noexcept { return has_state(p) || !nvme_; }
   // State access (state/state_access.hpp): straight from and into the host arrays, no device
   // round trip. Waits for the pool first (a gradient still being accumulated).
   void read_state(param_id p, state_field f, std::size_t offset, float* dst, std::size_t n) {

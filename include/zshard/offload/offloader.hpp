@@ -52,6 +52,14 @@ struct update_args {
 //                                       m = v = 0, update count 0). On unfreezing, the engine
 //                                       then sets the master where the working value was
 //                                       written while frozen (through read_state/write_state)
+//   has_state(p) -> bool                p has optimizer state: trainable now, or frozen with the
+//                                       state it kept. With it, state access (read_state /
+//                                       write_state) reaches a frozen parameter's kept state and
+//                                       checkpoints save and restore it; without it, a frozen
+//                                       parameter's state is not saved (a load then starts it over)
+//   can_add_state(p) -> bool            state can be created for p now (set_trainable(p, true)
+//                                       would not refuse for lack of room); a checkpoint load
+//                                       that must create a frozen parameter's state asks first
 //   read_grad(p, float* host)           p's accumulated gradient shard (shard_numel f32) into
 //                                       host memory, complete on return (zeros when none arrived)
 // An Offloader applies update_args::groups (per-group learning rate and weight decay) when it

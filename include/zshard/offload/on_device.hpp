@@ -190,6 +190,10 @@ class on_device_impl {
     }
     st.trainable = trainable;
   }
+  // Whether p has optimizer state: trainable now, or frozen with the state it kept (checkpoints
+  // save it). State can always be created here (can_add_state).
+  bool has_state(param_id p) const noexcept { return p < state_.size() && bool(state_[p].master); }
+  bool can_add_state(param_id) const noexcept { return true; }
 
   // The fp32 master shard of p (tests and checkpoints read it).
   const buffer<Backend>& master(param_id p) const noexcept { return state_[p].master; }

@@ -5,8 +5,9 @@
 //
 // Fields of a parameter's shard on this rank (shard_layout: elements [0, shard_numel)):
 //   working  the working copy the model computes with, in the parameter's dtype (every parameter)
-//   master   the f32 master copy          } trainable parameters only, held by the Offloader
-//   m, v     AdamW's first/second moments } (device or host memory, whichever it uses)
+//   master   the f32 master copy          } parameters with optimizer state only (trainable, or
+//   m, v     AdamW's first/second moments } frozen with the state they kept), held by the
+//                                           Offloader (device or host memory, whichever it uses)
 // and per engine the run counters (optimizer step, learning rate, loss-scaler state) and each
 // parameter's own AdamW update count (engine::update_counts / restore_update_counts).
 //
