@@ -117,7 +117,9 @@ T one_of(const std::string& flag, const std::string& v, std::initializer_list<st
   throw usage_error(flag + " takes " + list + ", not '" + v + "'");
 }
 
-bool on_off(const std::string& flag, const std::string& v) { return one_of<bool>(flag, v, {{"on", true}, {"off", false}}); }
+bool on_off(const std::string& flag, const std::string& v) {
+  return one_of<bool>(flag, v, {{"on", true}, {"off", false}});
+}
 
 double number(const std::string& flag, const std::string& v) {
   std::size_t used = 0;
@@ -233,13 +235,13 @@ const option_rule option_rules[] = {
      [](options& o, const std::string& a, const std::string& v) { o.act.checkpoint = on_off(a, v); }},
     {"--optimizer", true,
      [](options& o, const std::string& a, const std::string& v) {
-       o.optimizer = one_of<optimizer_location>(a, v, {{"device", optimizer_location::device},
-                                                       {"host", optimizer_location::host}});
+       o.optimizer = one_of<optimizer_location>(
+           a, v, {{"device", optimizer_location::device}, {"host", optimizer_location::host}});
      }},
     {"--offload-optimizer", true,
      [](options& o, const std::string& a, const std::string& v) {
-       o.cfg.offload.optimizer_state =
-           one_of<offload_tier>(a, v, {{"none", offload_tier::host}, {"cpu", offload_tier::host}, {"nvme", offload_tier::nvme}});
+       o.cfg.offload.optimizer_state = one_of<offload_tier>(
+           a, v, {{"none", offload_tier::host}, {"cpu", offload_tier::host}, {"nvme", offload_tier::nvme}});
        o.optimizer = v == "none" ? optimizer_location::device : optimizer_location::host;
        if (o.cfg.offload.nvme_path.empty()) o.cfg.offload.nvme_path = "(planned)";  // no file is made
      }},
@@ -272,8 +274,8 @@ const option_rule option_rules[] = {
      [](options& o, const std::string& a, const std::string& v) { o.cfg.reduce.reduce_bucket_numel = count(a, v); }},
     {"--prefetcher", false,
      [](options& o, const std::string& a, const std::string& v) {
-       o.prefetcher = one_of<prefetch_policy>(a, v, {{"trace", prefetch_policy::trace},
-                                                     {"on-demand", prefetch_policy::on_demand}});
+       o.prefetcher = one_of<prefetch_policy>(
+           a, v, {{"trace", prefetch_policy::trace}, {"on-demand", prefetch_policy::on_demand}});
      }},
     {"--allow-oversized", true,
      [](options& o, const std::string& a, const std::string& v) {
