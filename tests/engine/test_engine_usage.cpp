@@ -173,11 +173,7 @@ struct failing_reducer {
   void flush(Sink&) {}
   std::size_t pending_numel() const { return 0; }
 };
-struct failing_reducer_family {
-  using zshard_tag = reducer_tag;
-  template <class Backend, class Comm>
-  using impl = failing_reducer<Backend, Comm>;
-};
+struct failing_reducer_family : test_support::family<reducer_tag, failing_reducer> {};
 using failing_policies = test_support::with_reducer<failing_reducer_family>;
 
 }  // namespace

@@ -507,11 +507,7 @@ struct no_groups_impl : offload::on_device_impl<Backend, Comm> {
   using offload::on_device_impl<Backend, Comm>::on_device_impl;
   static constexpr bool applies_param_groups = false;
 };
-struct no_groups {
-  using zshard_tag = offloader_tag;
-  template <class Backend, class Comm>
-  using impl = no_groups_impl<Backend, Comm>;
-};
+struct no_groups : test_support::family<offloader_tag, no_groups_impl> {};
 using no_groups_policies = test_support::with_offloader<no_groups>;
 }  // namespace
 

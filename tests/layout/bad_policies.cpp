@@ -5,6 +5,7 @@
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
+#include "../support/policy_family.hpp"
 
 #ifndef ZSHARD_BAD_CASE
 #define ZSHARD_BAD_CASE 0
@@ -71,11 +72,7 @@ struct reducer_without_flush {  // 10
   void grad_ready(param_id, Sink&) {}
   std::size_t pending_numel() const { return 0; }
 };
-struct misshapen_reducer {
-  using zshard_tag = reducer_tag;
-  template <class Backend, class Comm>
-  using impl = reducer_without_flush<Backend, Comm>;
-};
+using misshapen_reducer = test_support::family<reducer_tag, reducer_without_flush>;
 
 struct untagged_offloader {  // 11
   template <class Backend, class Comm>
@@ -89,11 +86,7 @@ struct offloader_with_old_constructor : offload::on_device_impl<Backend, Comm> {
   offloader_with_old_constructor(param_store<Backend>& s, Comm& c, const engine_config& cfg)
       : offload::on_device_impl<Backend, Comm>(s, c, cfg.adamw, cfg.offload) {}
 };
-struct misshapen_offloader {
-  using zshard_tag = offloader_tag;
-  template <class Backend, class Comm>
-  using impl = offloader_with_old_constructor<Backend, Comm>;
-};
+using misshapen_offloader = test_support::family<offloader_tag, offloader_with_old_constructor>;
 
 struct untagged_tracker : track::use_counter {  // 14
   using zshard_tag = int;
