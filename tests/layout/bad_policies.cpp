@@ -6,6 +6,7 @@
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
 #include "../support/policy_family.hpp"
+#include "../support/replicate_all.hpp"
 
 #ifndef ZSHARD_BAD_CASE
 #define ZSHARD_BAD_CASE 0
@@ -16,13 +17,17 @@ namespace bad {
 using namespace zshard;
 
 // Right: every policy of this file starts from one of these and breaks one thing.
-struct good_partitioner {
-  using zshard_tag = partitioner_tag;
+using good_partitioner = test_support::replicate_all;
+
+// A policy without its tag, of a class-template implementation; one with only its tag.
+template <template <class, class> class Impl>
+struct untagged {
   template <class Backend, class Comm>
-  using impl = good_partitioner;
-  shard_layout layout(const param_identity& p, int, const partition_config&) const {
-    return {.numel = p.numel(), .shard_numel = p.numel(), .padded_numel = p.numel(), .replicated = true};
-  }
+  using impl = Impl<Backend, Comm>;
+};
+template <class Tag>
+struct implless {
+  using zshard_tag = Tag;
 };
 
 struct untagged_partitioner {  // 1: missing tag
@@ -45,9 +50,7 @@ struct derived_partitioner : good_partitioner {};  // 4: inherits the base's sel
 struct untagged_prefetcher : prefetch::on_demand {  // 5
   using zshard_tag = void;
 };
-struct implless_prefetcher {  // 6
-  using zshard_tag = prefetcher_tag;
-};
+using implless_prefetcher = implless<prefetcher_tag>;  // 6
 struct misshapen_prefetcher {  // 7: the pre-house reset(spec, layouts, engine_config)
   using zshard_tag = prefetcher_tag;
   template <class Backend, class Comm>
@@ -58,13 +61,8 @@ struct misshapen_prefetcher {  // 7: the pre-house reset(spec, layouts, engine_c
   void on_step() {}
 };
 
-struct untagged_reducer {  // 8
-  template <class Backend, class Comm>
-  using impl = reduce::bucketed_reducer<Backend, Comm>;
-};
-struct implless_reducer {  // 9
-  using zshard_tag = reducer_tag;
-};
+using untagged_reducer = untagged<reduce::bucketed_reducer>;  // 8
+using implless_reducer = implless<reducer_tag>;               // 9
 template <class Backend, class Comm>
 struct reducer_without_flush {  // 10
   reducer_without_flush(param_store<Backend>&, Comm&, const reduce_config&) {}
@@ -74,13 +72,8 @@ struct reducer_without_flush {  // 10
 };
 using misshapen_reducer = test_support::family<reducer_tag, reducer_without_flush>;
 
-struct untagged_offloader {  // 11
-  template <class Backend, class Comm>
-  using impl = offload::on_device_impl<Backend, Comm>;
-};
-struct implless_offloader {  // 12
-  using zshard_tag = offloader_tag;
-};
+using untagged_offloader = untagged<offload::on_device_impl>;  // 11
+using implless_offloader = implless<offloader_tag>;            // 12
 template <class Backend, class Comm>
 struct offloader_with_old_constructor : offload::on_device_impl<Backend, Comm> {  // 13
   offloader_with_old_constructor(param_store<Backend>& s, Comm& c, const engine_config& cfg)
@@ -93,9 +86,7 @@ struct untagged_tracker : track::use_counter {  // 14
   template <class Backend, class Comm>
   using impl = untagged_tracker;
 };
-struct implless_tracker {  // 15
-  using zshard_tag = hook_tracker_tag;
-};
+using implless_tracker = implless<hook_tracker_tag>;  // 15
 struct misshapen_tracker : track::use_counter {  // 16: on_forward must say whether it counted
   template <class Backend, class Comm>
   using impl = misshapen_tracker;
