@@ -2,9 +2,12 @@
 // fail to compile with zshard's own message for that mistake (tests/CMakeLists.txt compiles
 // every case with -fsyntax-only and matches the message), never only with template noise such
 // as "no class template named impl". Case 0 is the control: it must compile.
+#include <tuple>
+
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
+#include "../support/policies.hpp"
 #include "../support/policy_family.hpp"
 #include "../support/replicate_all.hpp"
 
@@ -97,46 +100,21 @@ struct not_a_backend {};                        // 17
 struct not_a_comm {};                           // 18
 struct not_policies {};                         // 19
 
-#define ZSHARD_POLICIES(member, type) \
-  struct policies : default_policies { using member = type; }
-
-#if ZSHARD_BAD_CASE == 0
-ZSHARD_POLICIES(partitioner, good_partitioner);
-#elif ZSHARD_BAD_CASE == 1
-ZSHARD_POLICIES(partitioner, untagged_partitioner);
-#elif ZSHARD_BAD_CASE == 2
-ZSHARD_POLICIES(partitioner, implless_partitioner);
-#elif ZSHARD_BAD_CASE == 3
-ZSHARD_POLICIES(partitioner, misshapen_partitioner);
-#elif ZSHARD_BAD_CASE == 4
-ZSHARD_POLICIES(partitioner, derived_partitioner);
-#elif ZSHARD_BAD_CASE == 5
-ZSHARD_POLICIES(prefetcher, untagged_prefetcher);
-#elif ZSHARD_BAD_CASE == 6
-ZSHARD_POLICIES(prefetcher, implless_prefetcher);
-#elif ZSHARD_BAD_CASE == 7
-ZSHARD_POLICIES(prefetcher, misshapen_prefetcher);
-#elif ZSHARD_BAD_CASE == 8
-ZSHARD_POLICIES(reducer, untagged_reducer);
-#elif ZSHARD_BAD_CASE == 9
-ZSHARD_POLICIES(reducer, implless_reducer);
-#elif ZSHARD_BAD_CASE == 10
-ZSHARD_POLICIES(reducer, misshapen_reducer);
-#elif ZSHARD_BAD_CASE == 11
-ZSHARD_POLICIES(offloader, untagged_offloader);
-#elif ZSHARD_BAD_CASE == 12
-ZSHARD_POLICIES(offloader, implless_offloader);
-#elif ZSHARD_BAD_CASE == 13
-ZSHARD_POLICIES(offloader, misshapen_offloader);
-#elif ZSHARD_BAD_CASE == 14
-ZSHARD_POLICIES(hook_tracker, untagged_tracker);
-#elif ZSHARD_BAD_CASE == 15
-ZSHARD_POLICIES(hook_tracker, implless_tracker);
-#elif ZSHARD_BAD_CASE == 16
-ZSHARD_POLICIES(hook_tracker, misshapen_tracker);
-#else
-using policies = default_policies;
-#endif
+// Case k's policies: the defaults with one policy swapped (cases 17-19 break something else).
+using namespace test_support;
+using case_policies = std::tuple_element_t<
+    ZSHARD_BAD_CASE,
+    std::tuple<with_partitioner<good_partitioner>,  // 0
+               with_partitioner<untagged_partitioner>, with_partitioner<implless_partitioner>,
+               with_partitioner<misshapen_partitioner>, with_partitioner<derived_partitioner>,
+               with_prefetcher<untagged_prefetcher>, with_prefetcher<implless_prefetcher>,
+               with_prefetcher<misshapen_prefetcher>,  // 5-7
+               with_reducer<untagged_reducer>, with_reducer<implless_reducer>, with_reducer<misshapen_reducer>,
+               with_offloader<untagged_offloader>, with_offloader<implless_offloader>,
+               with_offloader<misshapen_offloader>,  // 11-13
+               with_hook_tracker<untagged_tracker>, with_hook_tracker<implless_tracker>,
+               with_hook_tracker<misshapen_tracker>,  // 14-16
+               default_policies, default_policies, default_policies>>;
 
 #if ZSHARD_BAD_CASE == 17
 using backend_type = not_a_backend;
@@ -151,7 +129,7 @@ using comm_type = thread_comm;
 #if ZSHARD_BAD_CASE == 19
 using policies_type = not_policies;
 #else
-using policies_type = policies;
+using policies_type = case_policies;
 #endif
 
 // Naming the class's size instantiates it, and with it the engine's checks.
