@@ -404,10 +404,7 @@ TEST_CASE("unfreezing after a checkpoint load trains from the loaded value, not 
 }
 
 TEST_CASE("set_trainable: between steps only, on every rank alike, and the gradient goes away") {
-  run_ranks(2, [](thread_comm& comm) {
-    toy::ids id;
-    host_backend backend;
-    engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec({}, id), {});
+  toy::on_toy_engines(2, [](auto& eng, const toy::ids& id, thread_comm&) {
     { auto g = eng.forward(id.embed); }
     CHECK(message_of([&] { eng.set_trainable(id.E, false); }).find("during a step") != std::string::npos);
     eng.begin_backward();
@@ -433,10 +430,7 @@ TEST_CASE("set_trainable: between steps only, on every rank alike, and the gradi
     CHECK(eng.ledger().current(mem_category::optimizer_state) > state_before);
   });
   CHECK(message_of([] {
-          run_ranks(2, [](thread_comm& comm) {
-            toy::ids id;
-            host_backend backend;
-            engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec({}, id), {});
+          toy::on_toy_engines(2, [](auto& eng, const toy::ids& id, thread_comm& comm) {
             eng.set_trainable(comm.rank() == 0 ? id.W[0] : id.W[1], false);
           });
         }).find("different arguments") != std::string::npos);
