@@ -8,7 +8,7 @@
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
 #include "../support/policies.hpp"
-#include "../support/policy_family.hpp"
+#include "../support/impl_family.hpp"
 #include "../support/replicate_all.hpp"
 
 #ifndef ZSHARD_BAD_CASE

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "../support/no_restrict_warning.hpp"
-#include "../support/policy_family.hpp"
+#include "../support/impl_family.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"

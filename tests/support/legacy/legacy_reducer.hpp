@@ -13,7 +13,7 @@
 
 #include "zshard/comm/communicator.hpp"
 #include "zshard/reduce/reducer.hpp"
-#include "../policy_family.hpp"
+#include "../impl_family.hpp"
 
 namespace legacy {
 
