@@ -18,6 +18,7 @@
 
 #include <fstream>
 
+#include "zshard/core/read_number.hpp"
 #include "zshard/plan/memory_plan.hpp"
 #include "zshard/config/deepspeed_config.hpp"
 #include "zshard/plan/phantom_run.hpp"
@@ -122,23 +123,16 @@ bool on_off(const std::string& flag, const std::string& v) {
 }
 
 double number(const std::string& flag, const std::string& v) {
-  std::size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || !std::isfinite(x)) throw usage_error(flag + " takes a number, not '" + v + "'");
-  return x;
+  if (const auto x = read_number(v)) return *x;
+  throw usage_error(flag + " takes a number, not '" + v + "'");
 }
 
 // A positive whole count up to 2^53 (exact in a double), e.g. 500000000 or 5e8.
 std::size_t count(const std::string& flag, const std::string& v) {
-  const double x = number(flag, v);
-  if (x < 1 || x > 9007199254740992.0 || x != std::floor(x))
-    throw usage_error(flag + " takes a positive whole count, not '" + v + "'");
-  return static_cast<std::size_t>(x);
+  (void)number(flag, v);  // not a number at all: said as such
+  const std::optional<std::size_t> n = read_count(v);
+  if (!n || *n < 1) throw usage_error(flag + " takes a positive whole count, not '" + v + "'");
+  return *n;
 }
 
 // --deepspeed-config FILE: its values first (with --model's hidden size for the Trainer's

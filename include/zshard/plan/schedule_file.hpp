@@ -25,11 +25,13 @@
 #include <cmath>
 #include <istream>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "zshard/core/read_number.hpp"
 #include "zshard/engine/engine_config.hpp"
 #include "zshard/model/model_spec.hpp"
 #include "zshard/plan/plan_result.hpp"
@@ -80,16 +82,9 @@ inline schedule_file read_schedule_file(std::istream& in, const std::string& sou
                 "see docs/schedule_format.md for the format");
   };
   auto count = [&](const std::string& v) -> std::size_t {
-    std::size_t used = 0;
-    double x = -1;
-    try {
-      x = std::stod(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != v.size() || !(x >= 0) || x > 9007199254740992.0 || x != std::floor(x))
-      fail("'" + v + "' is not a whole non-negative count");
-    return static_cast<std::size_t>(x);
+    const std::optional<std::size_t> n = read_count(v);
+    if (!n) fail("'" + v + "' is not a whole non-negative count");
+    return *n;
   };
   auto on_off = [&](const std::string& v) {
     if (v != "on" && v != "off") fail("expected on or off, not '" + v + "'");
