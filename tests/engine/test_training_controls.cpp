@@ -13,6 +13,7 @@
 #include "../checkpoint/test_dir.hpp"
 #include "../support/error_capture.hpp"
 #include "../support/policies.hpp"
+#include "../support/use_counting_comm.hpp"
 #include "feature_training.hpp"
 #include "zshard/checkpoint/checkpoint.hpp"
 #include "zshard/testing/invariants.hpp"
@@ -164,35 +165,7 @@ TEST_CASE("set_lr on one rank only fails the next step on every rank, naming the
   }
 }
 
-namespace {
-// Counts every collective by its use (collective_tag::use), forwarding to thread_comm.
-struct use_counting_comm {
-  using zshard_tag = communicator_tag;
-  thread_comm& inner;
-  std::map<collective_use, int> calls{};
-  int rank() const { return inner.rank(); }
-  int size() const { return inner.size(); }
-  void all_gather(const void* s, void* d, std::size_t n, dtype t, comm_stream cs, const collective_tag& tag = {}) {
-    ++calls[tag.use];
-    inner.all_gather(s, d, n, t, cs, tag);
-  }
-  void reduce_scatter(const void* s, void* d, std::size_t n, dtype t, reduce_op op, comm_stream cs,
-                      const collective_tag& tag = {}) {
-    ++calls[tag.use];
-    inner.reduce_scatter(s, d, n, t, op, cs, tag);
-  }
-  void all_reduce(const void* s, void* d, std::size_t n, dtype t, reduce_op op, comm_stream cs,
-                  const collective_tag& tag = {}) {
-    ++calls[tag.use];
-    inner.all_reduce(s, d, n, t, op, cs, tag);
-  }
-  void broadcast(void* d, std::size_t n, dtype t, int root, comm_stream cs, const collective_tag& tag = {}) {
-    ++calls[tag.use];
-    inner.broadcast(d, n, t, root, cs, tag);
-  }
-  void barrier(comm_stream cs) { inner.barrier(cs); }
-};
-}  // namespace
+using test_support::use_counting_comm;
 
 TEST_CASE("step() is one exchange whatever the norm type: the norm's parts ride with the fingerprint") {
   for (double type : {2.0, 1.0, double(INFINITY)}) {
