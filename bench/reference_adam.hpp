@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "zshard/optim/adamw.hpp"
+#include "zshard/optim/adamw_simd_common.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -26,18 +27,12 @@ namespace reference_adam {
 
 #define REFERENCE_ADAM_ISA __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
-struct constants {
-  float b1, one_minus_b1, b2, one_minus_b2, eps, grad_scale, decay_mul, neg_step_size, inv_sqrt_bc2;
+// zshard's per-step constants (the same betas, eps, scale and 1/sqrt(bc2)), and the two this
+// kernel's FMAs take in another form: the decay as a product to add, the step size negated.
+struct constants : zshard::optim::simd::adamw_constants {
+  float decay_mul, neg_step_size;
   explicit constants(const zshard::optim::adamw_step& s) noexcept
-      : b1(s.beta1),
-        one_minus_b1(1.0f - s.beta1),
-        b2(s.beta2),
-        one_minus_b2(1.0f - s.beta2),
-        eps(s.eps),
-        grad_scale(s.grad_scale),
-        decay_mul(-s.lr * s.weight_decay),
-        neg_step_size(-s.lr / s.bias_correction1),
-        inv_sqrt_bc2(1.0f / std::sqrt(s.bias_correction2)) {}
+      : adamw_constants(s), decay_mul(-s.lr * s.weight_decay), neg_step_size(-step_size) {}
 };
 
 // bf16 bits with round-to-nearest-even (what DeepSpeed's bf16 path does in integer arithmetic).

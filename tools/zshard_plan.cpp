@@ -8,15 +8,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <iostream>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fstream>
 
+#include "zshard/core/read_number.hpp"
 #include "zshard/plan/memory_plan.hpp"
 #include "zshard/config/deepspeed_config.hpp"
 #include "zshard/plan/phantom_run.hpp"
@@ -103,30 +105,34 @@ struct options {
   bool simulate = false;
 };
 
+// What the word `v` given to `flag` means, among `words`, or a usage error that lists them.
+template <class T>
+T one_of(const std::string& flag, const std::string& v, std::initializer_list<std::pair<const char*, T>> words) {
+  std::string list;
+  std::size_t i = 0;
+  for (const auto& [word, meaning] : words) {
+    if (v == word) return meaning;
+    list += std::string(i == 0 ? "" : i + 1 == words.size() ? " or " : ", ") + word;
+    ++i;
+  }
+  throw usage_error(flag + " takes " + list + ", not '" + v + "'");
+}
+
 bool on_off(const std::string& flag, const std::string& v) {
-  if (v == "on") return true;
-  if (v == "off") return false;
-  throw usage_error(flag + " takes on or off, not '" + v + "'");
+  return one_of<bool>(flag, v, {{"on", true}, {"off", false}});
 }
 
 double number(const std::string& flag, const std::string& v) {
-  std::size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || !std::isfinite(x)) throw usage_error(flag + " takes a number, not '" + v + "'");
-  return x;
+  if (const auto x = read_number(v)) return *x;
+  throw usage_error(flag + " takes a number, not '" + v + "'");
 }
 
 // A positive whole count up to 2^53 (exact in a double), e.g. 500000000 or 5e8.
 std::size_t count(const std::string& flag, const std::string& v) {
-  const double x = number(flag, v);
-  if (x < 1 || x > 9007199254740992.0 || x != std::floor(x))
-    throw usage_error(flag + " takes a positive whole count, not '" + v + "'");
-  return static_cast<std::size_t>(x);
+  (void)number(flag, v);  // not a number at all: said as such
+  const std::optional<std::size_t> n = read_count(v);
+  if (!n || *n < 1) throw usage_error(flag + " takes a positive whole count, not '" + v + "'");
+  return *n;
 }
 
 // --deepspeed-config FILE: its values first (with --model's hidden size for the Trainer's
@@ -151,6 +157,132 @@ void apply_deepspeed_config(options& o, const std::vector<std::string>& args) {
   if (ds.micro_batch_size) o.act.micro_batch = *ds.micro_batch_size;
 }
 
+// A whole count of ranks for `flag`, refused when implausible.
+int ranks(const std::string& flag, const std::string& v) {
+  const std::size_t n = count(flag, v);
+  if (n > 1'000'000) throw usage_error(flag + " " + v + " is not a plausible number of ranks");
+  return int(n);
+}
+
+// One entry per option that takes a value: what it sets, and whether a schedule file has that
+// setting too (then the command line's value is applied over the file's, by the same code).
+struct option_rule {
+  const char* flag;
+  bool file_setting;
+  void (*apply)(options& o, const std::string& flag, const std::string& v);
+};
+
+const option_rule option_rules[] = {
+    {"--deepspeed-config", false, [](options&, const std::string&, const std::string&) {}},  // applied first
+    {"--schedule", false, [](options& o, const std::string&, const std::string& v) { o.schedule_path = v; }},
+    {"--hooks", false, [](options& o, const std::string& a, const std::string& v) { o.hooks = on_off(a, v); }},
+    {"--gpu", false,
+     [](options& o, const std::string& a, const std::string& v) {
+       if (!on_off(a, v)) o.gpu = device_overheads::none();
+     }},
+    {"--context-mib", false,
+     [](options& o, const std::string& a, const std::string& v) { o.gpu.cuda_context_bytes = count(a, v) << 20; }},
+    {"--nccl-mib", false,
+     [](options& o, const std::string& a, const std::string& v) {
+       o.gpu.nccl_bytes_per_communicator = count(a, v) << 20;
+     }},
+    {"--workspace-mib", false,
+     [](options& o, const std::string& a, const std::string& v) { o.gpu.workspace_bytes = count(a, v) << 20; }},
+    {"--fragmentation", false,
+     [](options& o, const std::string& a, const std::string& v) {
+       const double f = number(a, v);
+       if (f < 0 || f > 10) throw usage_error("--fragmentation takes a fraction between 0 and 10");
+       o.gpu.fragmentation = f;
+     }},
+    {"--model", false,
+     [](options& o, const std::string&, const std::string& v) {
+       auto s = transformer_shape_named(v);
+       if (!s) throw usage_error("unknown model '" + v + "' (known: llama3-8b, llama3-70b, llama2-13b)");
+       o.shape = *s;
+     }},
+    {"--world", true, [](options& o, const std::string& a, const std::string& v) { o.world = ranks(a, v); }},
+    {"--shard-group", true,
+     [](options& o, const std::string& a, const std::string& v) { o.cfg.hybrid.shard_group_size = ranks(a, v); }},
+    {"--ranks-per-node", true,
+     [](options& o, const std::string& a, const std::string& v) { o.cfg.hybrid.ranks_per_node = ranks(a, v); }},
+    {"--device-gib", false,
+     [](options& o, const std::string& a, const std::string& v) {
+       const double g = number(a, v);
+       if (g <= 0) throw usage_error("--device-gib must be positive");
+       o.device_gib = g;
+     }},
+    {"--micro-batch", false,
+     [](options& o, const std::string& a, const std::string& v) {
+       o.act.micro_batch = std::int64_t(std::min<std::size_t>(count(a, v), 1u << 31));
+     }},
+    {"--seq", false,
+     [](options& o, const std::string& a, const std::string& v) {
+       o.act.seq_len = std::int64_t(std::min<std::size_t>(count(a, v), 1u << 31));
+     }},
+    {"--micro-batches", false,
+     [](options& o, const std::string& a, const std::string& v) {
+       const std::size_t n = count(a, v);
+       if (n > 1000) throw usage_error("--micro-batches " + v + " is more than 1000");
+       o.act.micro_batches = int(n);
+     }},
+    {"--checkpoint", false,
+     [](options& o, const std::string& a, const std::string& v) { o.act.checkpoint = on_off(a, v); }},
+    {"--optimizer", true,
+     [](options& o, const std::string& a, const std::string& v) {
+       o.optimizer = one_of<optimizer_location>(
+           a, v, {{"device", optimizer_location::device}, {"host", optimizer_location::host}});
+     }},
+    {"--offload-optimizer", true,
+     [](options& o, const std::string& a, const std::string& v) {
+       o.cfg.offload.optimizer_state = one_of<offload_tier>(
+           a, v, {{"none", offload_tier::host}, {"cpu", offload_tier::host}, {"nvme", offload_tier::nvme}});
+       o.optimizer = v == "none" ? optimizer_location::device : optimizer_location::host;
+       if (o.cfg.offload.nvme_path.empty()) o.cfg.offload.nvme_path = "(planned)";  // no file is made
+     }},
+    {"--offload-param", true,
+     [](options& o, const std::string& a, const std::string& v) {
+       if (v == "nvme")
+         throw usage_error("--offload-param nvme: parameter shards on NVMe are not implemented; use cpu");
+       o.cfg.offload.params = one_of<offload_tier>(a, v, {{"none", offload_tier::device}, {"cpu", offload_tier::host}});
+     }},
+    {"--nvme-chunk", true,
+     [](options& o, const std::string& a, const std::string& v) { o.cfg.offload.nvme_chunk_numel = count(a, v); }},
+    {"--nvme-buffers", true,
+     [](options& o, const std::string& a, const std::string& v) {
+       const std::size_t n = count(a, v);
+       if (n > 1024) throw usage_error("--nvme-buffers " + v + " is more than 1024");
+       o.cfg.offload.nvme_buffer_count = int(n);
+     }},
+    {"--pin-memory", true,
+     [](options& o, const std::string& a, const std::string& v) { o.cfg.offload.pin_memory = on_off(a, v); }},
+    {"--dtype", true,
+     [](options& o, const std::string& a, const std::string& v) {
+       o.cfg.param_dtype = one_of<dtype>(a, v, {{"bf16", dtype::bf16}, {"f16", dtype::f16}, {"f32", dtype::f32}});
+       o.act.activation_type = o.cfg.param_dtype;
+     }},
+    {"--max-live", true,
+     [](options& o, const std::string& a, const std::string& v) { o.cfg.prefetch.max_live_numel = count(a, v); }},
+    {"--prefetch", true,
+     [](options& o, const std::string& a, const std::string& v) { o.cfg.prefetch.prefetch_numel = count(a, v); }},
+    {"--bucket", true,
+     [](options& o, const std::string& a, const std::string& v) { o.cfg.reduce.reduce_bucket_numel = count(a, v); }},
+    {"--prefetcher", false,
+     [](options& o, const std::string& a, const std::string& v) {
+       o.prefetcher = one_of<prefetch_policy>(
+           a, v, {{"trace", prefetch_policy::trace}, {"on-demand", prefetch_policy::on_demand}});
+     }},
+    {"--allow-oversized", true,
+     [](options& o, const std::string& a, const std::string& v) {
+       o.cfg.prefetch.allow_oversized_module = on_off(a, v);
+     }},
+};
+
+const option_rule* rule_for(const std::string& flag) {
+  for (const auto& r : option_rules)
+    if (flag == r.flag) return &r;
+  return nullptr;
+}
+
 options parse(const std::vector<std::string>& args) {
   options o;
   o.act.micro_batches = 1;
@@ -163,125 +295,12 @@ options parse(const std::vector<std::string>& args) {
     }
     if (a.rfind("--", 0) != 0) throw usage_error("unexpected argument '" + a + "'");
     // every other option takes a value: an unknown one is named as such, not as missing its value
-    static const std::set<std::string> with_value = {
-        "--deepspeed-config", "--schedule", "--hooks", "--gpu", "--context-mib", "--nccl-mib", "--workspace-mib",
-        "--fragmentation", "--model", "--world", "--shard-group", "--ranks-per-node", "--device-gib", "--micro-batch",
-        "--seq", "--micro-batches", "--checkpoint", "--optimizer", "--dtype", "--max-live", "--prefetch", "--bucket",
-        "--prefetcher", "--allow-oversized"};
-    if (!with_value.count(a)) throw usage_error("unknown option '" + a + "'");
+    const option_rule* rule = rule_for(a);
+    if (!rule) throw usage_error("unknown option '" + a + "'");
     if (i + 1 >= args.size()) throw usage_error(a + " needs a value");
     const std::string& v = args[++i];
-    if (a == "--deepspeed-config") {
-      continue;  // applied first, by apply_deepspeed_config
-    } else if (a == "--schedule") {
-      o.schedule_path = v;
-    } else if (a == "--hooks") {
-      o.hooks = on_off(a, v);
-    } else if (a == "--gpu") {
-      if (!on_off(a, v)) o.gpu = device_overheads::none();
-    } else if (a == "--context-mib") {
-      o.gpu.cuda_context_bytes = count(a, v) << 20;
-    } else if (a == "--nccl-mib") {
-      o.gpu.nccl_bytes_per_communicator = count(a, v) << 20;
-    } else if (a == "--workspace-mib") {
-      o.gpu.workspace_bytes = count(a, v) << 20;
-    } else if (a == "--fragmentation") {
-      const double f = number(a, v);
-      if (f < 0 || f > 10) throw usage_error("--fragmentation takes a fraction between 0 and 10");
-      o.gpu.fragmentation = f;
-    } else if (a == "--model") {
-      auto s = transformer_shape_named(v);
-      if (!s) throw usage_error("unknown model '" + v + "' (known: llama3-8b, llama3-70b, llama2-13b)");
-      o.shape = *s;
-    } else if (a == "--world") {
-      o.overrides.emplace_back(a, v);
-      const std::size_t n = count(a, v);
-      if (n > 1'000'000) throw usage_error("--world " + v + " is not a plausible number of ranks");
-      o.world = int(n);
-    } else if (a == "--shard-group" || a == "--ranks-per-node") {
-      o.overrides.emplace_back(a, v);
-      const std::size_t n = count(a, v);
-      if (n > 1'000'000) throw usage_error(a + " " + v + " is not a plausible number of ranks");
-      (a == "--shard-group" ? o.cfg.hybrid.shard_group_size : o.cfg.hybrid.ranks_per_node) = int(n);
-    } else if (a == "--device-gib") {
-      const double g = number(a, v);
-      if (g <= 0) throw usage_error("--device-gib must be positive");
-      o.device_gib = g;
-    } else if (a == "--micro-batch") {
-      o.act.micro_batch = std::int64_t(std::min<std::size_t>(count(a, v), 1u << 31));
-    } else if (a == "--seq") {
-      o.act.seq_len = std::int64_t(std::min<std::size_t>(count(a, v), 1u << 31));
-    } else if (a == "--micro-batches") {
-      const std::size_t n = count(a, v);
-      if (n > 1000) throw usage_error("--micro-batches " + v + " is more than 1000");
-      o.act.micro_batches = int(n);
-    } else if (a == "--checkpoint") {
-      o.act.checkpoint = on_off(a, v);
-    } else if (a == "--optimizer") {
-      o.overrides.emplace_back(a, v);
-      if (v == "device")
-        o.optimizer = optimizer_location::device;
-      else if (v == "host")
-        o.optimizer = optimizer_location::host;
-      else
-        throw usage_error("--optimizer takes device or host, not '" + v + "'");
-    } else if (a == "--offload-optimizer") {
-      o.overrides.emplace_back(a, v);
-      if (v != "none" && v != "cpu" && v != "nvme")
-        throw usage_error("--offload-optimizer takes none, cpu or nvme, not '" + v + "'");
-      o.optimizer = v == "none" ? optimizer_location::device : optimizer_location::host;
-      o.cfg.offload.optimizer_state = v == "nvme" ? offload_tier::nvme : offload_tier::host;
-      if (o.cfg.offload.nvme_path.empty()) o.cfg.offload.nvme_path = "(planned)";  // no file is made
-    } else if (a == "--offload-param") {
-      o.overrides.emplace_back(a, v);
-      if (v == "nvme")
-        throw usage_error("--offload-param nvme: parameter shards on NVMe are not implemented; use cpu");
-      if (v != "none" && v != "cpu") throw usage_error("--offload-param takes none or cpu, not '" + v + "'");
-      o.cfg.offload.params = v == "cpu" ? offload_tier::host : offload_tier::device;
-    } else if (a == "--nvme-chunk") {
-      o.overrides.emplace_back(a, v);
-      o.cfg.offload.nvme_chunk_numel = count(a, v);
-    } else if (a == "--nvme-buffers") {
-      o.overrides.emplace_back(a, v);
-      const std::size_t n = count(a, v);
-      if (n > 1024) throw usage_error("--nvme-buffers " + v + " is more than 1024");
-      o.cfg.offload.nvme_buffer_count = int(n);
-    } else if (a == "--pin-memory") {
-      o.overrides.emplace_back(a, v);
-      o.cfg.offload.pin_memory = on_off(a, v);
-    } else if (a == "--dtype") {
-      o.overrides.emplace_back(a, v);
-      if (v == "bf16")
-        o.cfg.param_dtype = dtype::bf16;
-      else if (v == "f16")
-        o.cfg.param_dtype = dtype::f16;
-      else if (v == "f32")
-        o.cfg.param_dtype = dtype::f32;
-      else
-        throw usage_error("--dtype takes bf16, f16 or f32, not '" + v + "'");
-      o.act.activation_type = o.cfg.param_dtype;
-    } else if (a == "--max-live") {
-      o.overrides.emplace_back(a, v);
-      o.cfg.prefetch.max_live_numel = count(a, v);
-    } else if (a == "--prefetch") {
-      o.overrides.emplace_back(a, v);
-      o.cfg.prefetch.prefetch_numel = count(a, v);
-    } else if (a == "--bucket") {
-      o.overrides.emplace_back(a, v);
-      o.cfg.reduce.reduce_bucket_numel = count(a, v);
-    } else if (a == "--prefetcher") {
-      if (v == "trace")
-        o.prefetcher = prefetch_policy::trace;
-      else if (v == "on-demand")
-        o.prefetcher = prefetch_policy::on_demand;
-      else
-        throw usage_error("--prefetcher takes trace or on-demand, not '" + v + "'");
-    } else if (a == "--allow-oversized") {
-      o.overrides.emplace_back(a, v);
-      o.cfg.prefetch.allow_oversized_module = on_off(a, v);
-    } else {
-      throw usage_error("unknown option '" + a + "'");
-    }
+    rule->apply(o, a, v);
+    if (rule->file_setting) o.overrides.emplace_back(a, v);
   }
   // Activation bytes are products of these: keep them far from overflowing 64 bits.
   if (o.act.micro_batch * o.act.seq_len > 1'000'000'000)
@@ -391,41 +410,15 @@ int run_file(const options& o) {
   std::ifstream in(*o.schedule_path);
   if (!in) throw usage_error("cannot read the schedule file '" + *o.schedule_path + "'");
   schedule_file f = read_schedule_file(in, *o.schedule_path);
-  // The file's settings, then the command line's.
-  options parsed;
-  for (const auto& [flag, value] : o.overrides) {
-    parsed = parse({flag, value});
-    if (flag == "--world")
-      f.world = parsed.world;
-    else if (flag == "--optimizer")
-      f.optimizer = parsed.optimizer;
-    else if (flag == "--offload-optimizer") {
-      f.optimizer = parsed.optimizer;
-      f.cfg.offload.optimizer_state = parsed.cfg.offload.optimizer_state;
-      f.cfg.offload.nvme_path = parsed.cfg.offload.nvme_path;
-    } else if (flag == "--offload-param")
-      f.cfg.offload.params = parsed.cfg.offload.params;
-    else if (flag == "--nvme-chunk")
-      f.cfg.offload.nvme_chunk_numel = parsed.cfg.offload.nvme_chunk_numel;
-    else if (flag == "--nvme-buffers")
-      f.cfg.offload.nvme_buffer_count = parsed.cfg.offload.nvme_buffer_count;
-    else if (flag == "--pin-memory")
-      f.cfg.offload.pin_memory = parsed.cfg.offload.pin_memory;
-    else if (flag == "--max-live")
-      f.cfg.prefetch.max_live_numel = parsed.cfg.prefetch.max_live_numel;
-    else if (flag == "--prefetch")
-      f.cfg.prefetch.prefetch_numel = parsed.cfg.prefetch.prefetch_numel;
-    else if (flag == "--bucket")
-      f.cfg.reduce.reduce_bucket_numel = parsed.cfg.reduce.reduce_bucket_numel;
-    else if (flag == "--allow-oversized")
-      f.cfg.prefetch.allow_oversized_module = parsed.cfg.prefetch.allow_oversized_module;
-    else if (flag == "--dtype")
-      f.cfg.param_dtype = parsed.cfg.param_dtype;
-    else if (flag == "--shard-group")
-      f.cfg.hybrid.shard_group_size = parsed.cfg.hybrid.shard_group_size;
-    else if (flag == "--ranks-per-node")
-      f.cfg.hybrid.ranks_per_node = parsed.cfg.hybrid.ranks_per_node;
-  }
+  // The file's settings, then the command line's, applied over them as parse applies them.
+  options over = o;
+  over.world = f.world;
+  over.optimizer = f.optimizer;
+  over.cfg = f.cfg;
+  for (const auto& [flag, value] : o.overrides) rule_for(flag)->apply(over, flag, value);
+  f.world = over.world;
+  f.optimizer = over.optimizer;
+  f.cfg = over.cfg;
   f.cfg.log = [](const std::string&) {};  // a trace divergence in --simulate is planned for
   std::size_t events = 0;
   for (const auto& s : f.schedule.cycle) events += s.events.size();

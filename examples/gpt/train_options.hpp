@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -17,6 +18,7 @@
 
 #include "gpt_config.hpp"
 #include "zshard/config/deepspeed_config.hpp"
+#include "zshard/core/read_number.hpp"
 #include "zshard/engine/engine_config.hpp"
 
 namespace gpt {
@@ -137,15 +139,9 @@ inline long long whole_number(const std::string& flag, const std::string& v, lon
 }
 
 inline double real_number(const std::string& flag, const std::string& v, double min) {
-  std::size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || !std::isfinite(x))
-    throw std::invalid_argument(flag + " takes a number, not '" + v + "'");
+  const std::optional<double> read = zshard::read_number(v);
+  if (!read) throw std::invalid_argument(flag + " takes a number, not '" + v + "'");
+  const double x = *read;
   if (x < min) {
     std::ostringstream m;
     m << flag << " must be at least " << min << ", got " << v;

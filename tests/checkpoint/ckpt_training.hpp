@@ -109,6 +109,56 @@ auto on_ranks(int world, const zshard::engine_config& cfg, Fn&& fn, const toy::c
   return out;
 }
 
+// The checkpoint in `dir` loaded into fresh engines (Policies') on `world` ranks under cfg:
+// every field as loaded.
+template <class Policies = zshard::default_policies>
+full_state loaded_state(int world, const zshard::engine_config& cfg, const std::string& dir,
+                        const toy::config& mc = {}) {
+  return on_ranks<Policies>(
+      world, cfg,
+      [&](auto& eng, const toy::ids&) {
+        zshard::checkpoint::load(eng, dir);
+        return gather_all(eng);
+      },
+      mc);
+}
+
+// ck::load(eng, dir, lo) that is expected to fail: its error ("" when it loaded); the engine's
+// state and update counts are checked to be as they were before it (a failed load touches none).
+template <class Engine>
+std::string load_error_untouched(Engine& eng, const std::string& dir, const zshard::checkpoint::load_options& lo = {}) {
+  const full_state before = gather_all(eng);
+  const auto counts = eng.update_counts();
+  std::string what;
+  try {
+    zshard::checkpoint::load(eng, dir, lo);
+  } catch (const zshard::error& e) {
+    what = e.what();
+  }
+  CHECK(same_bits(before, gather_all(eng)));
+  CHECK(eng.update_counts() == counts);
+  return what;
+}
+
+// What each rank saw, collected from the ranks' threads; agreed() is the one value all of them
+// saw (a test of a collective failure: every rank fails with the same words).
+class rank_errors {
+ public:
+  void add(std::string what) {
+    std::lock_guard lock(mu_);
+    errors_.push_back(std::move(what));
+  }
+  std::string agreed(int world) const {
+    REQUIRE(errors_.size() == std::size_t(world));
+    for (const auto& e : errors_) CHECK(e == errors_[0]);
+    return errors_[0];
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> errors_;
+};
+
 // A global batch that every world size of these tests (1..8) divides: the same data at each.
 inline constexpr int global_rows = 840;
 

@@ -84,8 +84,7 @@ TEST_CASE("a load error over 1 KB arrives whole on every rank: its kind, its las
   for (int i = 0; i < 60; ++i)
     ids.push_back(other.add_param("a.rather.long.parameter.name.that.fills.the.line." + std::to_string(i), {3}));
   other.add_module("all", ids);
-  std::mutex mu;
-  std::vector<std::string> whats;
+  rank_errors whats;
   zshard::run_ranks(3, [&](zshard::thread_comm& comm) {
     zshard::host_backend backend;
     zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, other, engine_options());
@@ -94,13 +93,10 @@ TEST_CASE("a load error over 1 KB arrives whole on every rank: its kind, its las
     } catch (const zshard::error& e) {
       CHECK(e.kind() == zshard::error_kind::config);
       CHECK(e.hint() == "load a checkpoint of this model, or build the model the checkpoint holds");
-      std::lock_guard lock(mu);
-      whats.push_back(e.what());
+      whats.add(e.what());
     }
   });
-  REQUIRE(whats.size() == 3);
-  for (const auto& w : whats) CHECK(w == whats[0]);
-  const std::string& w = whats[0];
+  const std::string w = whats.agreed(3);
   CHECK(w.size() > 4096);
   CHECK(w.starts_with("zshard: configuration error: checkpoint load from"));
   CHECK(w.find("missing from the checkpoint: 'a.rather.long.parameter.name.that.fills.the.line.59' [3]") !=
@@ -151,19 +147,13 @@ TEST_CASE("an edited shard_numel blames the manifest, not the rank file") {
     std::ofstream out(mpath);
     out << j.dump(1);
   }
-  std::mutex mu;
-  std::vector<std::string> whats;
+  rank_errors errors;
   on_ranks(3, engine_options(), [&](auto& eng, const toy::ids&) {
-    try {
-      ck::load(eng, dir.path());
-    } catch (const zshard::error& e) {
-      std::lock_guard lock(mu);
-      whats.push_back(e.what());
-    }
+    errors.add(load_error_untouched(eng, dir.path()));
     return 0;
   });
-  REQUIRE(whats.size() == 3);
-  CAPTURE(whats[0]);
-  CHECK(whats[0].find("manifest.json") != std::string::npos);
-  CHECK(whats[0].find("does not belong to this manifest") == std::string::npos);
+  const std::string what = errors.agreed(3);
+  CAPTURE(what);
+  CHECK(what.find("manifest.json") != std::string::npos);
+  CHECK(what.find("does not belong to this manifest") == std::string::npos);
 }

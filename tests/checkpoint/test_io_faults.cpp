@@ -163,6 +163,17 @@ std::vector<timed_error> failing_on_ranks(Op&& op) {
   return out;
 }
 
+// Every rank failed alike and at once (not at io_timeout), naming the failing rank and `words`.
+void check_failed_at_once(const std::vector<timed_error>& errors, int failing, const std::string& words) {
+  for (const auto& e : errors) {
+    INFO(e.what);
+    CHECK(e.what == errors[0].what);
+    CHECK(e.what.find("(rank " + std::to_string(failing) + ")") != std::string::npos);
+    CHECK(e.what.find(words) != std::string::npos);
+    CHECK(e.took < 5s);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a full disk on one rank fails the save on every rank at once, with the file and ENOSPC") {
@@ -170,13 +181,7 @@ TEST_CASE("a full disk on one rank fails the save on every rank at once, with th
   const auto errors = failing_on_ranks([&](auto& eng, int rank) {
     ck::save(eng, dir.path(), {.chunk_bytes = 1024, .io_timeout = 10s, .hook = full_disk(rank, 1, "rank-00001.safetensors", 600)});
   });
-  for (const auto& e : errors) {
-    INFO(e.what);
-    CHECK(e.what == errors[0].what);
-    CHECK(e.what.find("(rank 1)") != std::string::npos);
-    CHECK(e.what.find("rank-00001.safetensors': No space left on device") != std::string::npos);
-    CHECK(e.took < 5s);  // not io_timeout
-  }
+  check_failed_at_once(errors, 1, "rank-00001.safetensors': No space left on device");
   CHECK(ck::list_checkpoints(dir.path()).empty());
 }
 
@@ -190,13 +195,7 @@ TEST_CASE("a full disk on one rank fails an export on every rank at once, with t
     o.hook = full_disk(rank, 2, "data.safetensors", 100);
     ck::export_engine(eng, out, o);
   });
-  for (const auto& e : errors) {
-    INFO(e.what);
-    CHECK(e.what == errors[0].what);
-    CHECK(e.what.find("(rank 2)") != std::string::npos);
-    CHECK(e.what.find("No space left on device") != std::string::npos);
-    CHECK(e.took < 5s);
-  }
+  check_failed_at_once(errors, 2, "No space left on device");
   CHECK(!fs::exists(out));
 }
 
@@ -210,13 +209,7 @@ TEST_CASE("a marker that cannot be posted (EIO on its rename) fails the save on 
     };
     ck::save(eng, dir.path(), o);
   });
-  for (const auto& e : errors) {
-    INFO(e.what);
-    CHECK(e.what == errors[0].what);
-    CHECK(e.what.find("(rank 1)") != std::string::npos);
-    CHECK(e.what.find("rank-00001.done': Input/output error") != std::string::npos);
-    CHECK(e.took < 5s);
-  }
+  check_failed_at_once(errors, 1, "rank-00001.done': Input/output error");
   CHECK(ck::list_checkpoints(dir.path()).empty());
 }
 

@@ -40,25 +40,13 @@ std::string manifest_path(const std::string& dir) { return ck::resolve_checkpoin
 // Loads `dir` at world 2 into a trained engine; every rank's error (they must agree), the engine
 // untouched.
 std::string checksum_failed_load(const std::string& dir) {
-  std::mutex mu;
-  std::vector<std::string> errors;
+  rank_errors errors;
   on_ranks(2, scaled_options(), [&](auto& eng, const toy::ids& id) {
     train_steps(eng, id, toy::config{}, 0, 1);
-    const full_state before = gather_all(eng);
-    std::string what;
-    try {
-      ck::load(eng, dir);
-    } catch (const zshard::error& e) {
-      what = e.what();
-    }
-    CHECK(same_bits(before, gather_all(eng)));
-    std::lock_guard lock(mu);
-    errors.push_back(what);
+    errors.add(load_error_untouched(eng, dir));
     return 0;
   });
-  REQUIRE(errors.size() == 2);
-  CHECK(errors[0] == errors[1]);
-  return errors[0];
+  return errors.agreed(2);
 }
 
 }  // namespace

@@ -77,14 +77,7 @@ TEST_CASE("a checkpoint of an offloaded run reshards into engines with and witho
         return gather_all(eng);
       },
       mc);
-  const full_state on_device = on_ranks(
-      2, engine_options(dtype::bf16),
-      [&](auto& eng, const toy::ids&) {
-        ck::load(eng, d1.path());
-        return gather_all(eng);
-      },
-      mc);
-  CHECK(same_bits(saved, on_device));
+  CHECK(same_bits(saved, loaded_state(2, engine_options(dtype::bf16), d1.path(), mc)));
   const full_state back = on_ranks<host_adam_policies>(
       4, offloaded(dtype::bf16, scratch.path()),
       [&](auto& eng, const toy::ids&) {
@@ -94,12 +87,5 @@ TEST_CASE("a checkpoint of an offloaded run reshards into engines with and witho
       },
       mc);
   CHECK(same_bits(saved, back));
-  const full_state again = on_ranks<host_adam_policies>(
-      1, engine_options(dtype::bf16),
-      [&](auto& eng, const toy::ids&) {
-        ck::load(eng, d2.path());
-        return gather_all(eng);
-      },
-      mc);
-  CHECK(same_bits(saved, again));
+  CHECK(same_bits(saved, loaded_state<host_adam_policies>(1, engine_options(dtype::bf16), d2.path(), mc)));
 }

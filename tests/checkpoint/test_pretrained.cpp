@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 
+#include "../support/error_capture.hpp"
 #include "ckpt_training.hpp"
 #include "test_dir.hpp"
 
@@ -123,19 +124,14 @@ TEST_CASE("pretrained: missing, unexpected and mismatched tensors in one error; 
   ts.push_back({"lm_head.extra", ck::file_dtype::f32, {2}, {1.f, 2.f}});       // unexpected
   ts[0].shape = {8, 13};                                                       // E transposed
   write_file(dir / "bad.safetensors", ts);
-  std::string first;
   on_ranks(2, engine_options(), [&](auto& eng, const toy::ids&) {
     const full_state before = gather_all(eng);
-    try {
-      ck::load_pretrained(eng, dir / "bad.safetensors");
-    } catch (const zshard::error& e) {
-      const std::string w = e.what();
-      CHECK(w.find("does not match the model (model_spec 'student' (#") != std::string::npos);
-      CHECK(w.find("missing: 'W0'") != std::string::npos);
-      CHECK(w.find("unexpected: 'lm_head.extra'") != std::string::npos);
-      CHECK(w.find("mismatched: 'E': model [13, 8], file [8, 13]") != std::string::npos);
-      CHECK(w.find("bad.safetensors") != std::string::npos);
-    }
+    const std::string w = test_support::message_of([&] { ck::load_pretrained(eng, dir / "bad.safetensors"); });
+    CHECK(w.find("does not match the model (model_spec 'student' (#") != std::string::npos);
+    CHECK(w.find("missing: 'W0'") != std::string::npos);
+    CHECK(w.find("unexpected: 'lm_head.extra'") != std::string::npos);
+    CHECK(w.find("mismatched: 'E': model [13, 8], file [8, 13]") != std::string::npos);
+    CHECK(w.find("bad.safetensors") != std::string::npos);
     CHECK(same_bits(before, gather_all(eng)));
     // extra tensors can be allowed; the missing one still fails
     CHECK_THROWS_WITH_AS(ck::load_pretrained(eng, dir / "bad.safetensors", {.allow_unexpected = true}),

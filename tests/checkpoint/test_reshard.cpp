@@ -52,11 +52,7 @@ TEST_CASE("a checkpoint of one Offloader loads into the other, bit for bit") {
     return gather_all(eng);
   });
   CHECK(same_bits(dev, host));
-  const full_state back = on_ranks(5, cfg, [&](auto& eng, const toy::ids&) {
-    ck::load(eng, d2.path());
-    return gather_all(eng);
-  });
-  CHECK(same_bits(dev, back));
+  CHECK(same_bits(dev, loaded_state(5, cfg, d2.path())));
 }
 
 TEST_CASE("a sharded load's host peak is one chunk when pieces need staging, and no chunk when none does") {

@@ -8,12 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "raw_safetensors.hpp"
 #include "test_dir.hpp"
 #include "zshard/checkpoint/crc32c.hpp"
 #include "zshard/checkpoint/safetensors_reader.hpp"
 #include "zshard/checkpoint/safetensors_writer.hpp"
 
 namespace ck = zshard::checkpoint;
+using ckpt_test::open_error;
+using ckpt_test::raw_file;
 using ckpt_test::temp_dir;
 
 namespace {
@@ -28,23 +31,7 @@ std::uint32_t crc32c_bitwise(const unsigned char* p, std::size_t n) {
   return ~c;
 }
 
-std::string raw_file(const std::string& json, const std::string& data) {
-  std::string s(8, '\0');
-  std::uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) s[std::size_t(i)] = char((n >> (8 * i)) & 0xff);
-  return s + json + data;
-}
-
 void write_raw(const std::string& path, const std::string& bytes) { ck::write_small_file(path, bytes); }
-
-std::string error_of(const std::string& path) {
-  try {
-    ck::safetensors_file f(path);
-  } catch (const zshard::error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -154,7 +141,7 @@ TEST_CASE("safetensors: every malformed header is refused, naming the file and t
   };
   for (const auto& c : cases) {
     write_raw(p, c.bytes);
-    const std::string e = error_of(p);
+    const std::string e = open_error(p);
     INFO(c.expect);
     CHECK(e.find(c.expect) != std::string::npos);
     CHECK(e.find(p) != std::string::npos);
@@ -165,7 +152,7 @@ TEST_CASE("safetensors: every malformed header is refused, naming the file and t
       raw_file(
           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]}})",
           data));
-  CHECK(error_of(p).empty());
+  CHECK(open_error(p).empty());
 }
 
 TEST_CASE("safetensors index: tensors found across files; an index that disagrees with its files is refused") {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ckpt_training.hpp"
+#include "raw_safetensors.hpp"
 #include "test_dir.hpp"
 
 namespace ck = zshard::checkpoint;
@@ -26,15 +27,6 @@ using namespace ckpt_test;
 
 namespace {
 
-std::string le64(std::uint64_t n) {
-  std::string s(8, '\0');
-  for (int i = 0; i < 8; ++i) s[std::size_t(i)] = char((n >> (8 * i)) & 0xff);
-  return s;
-}
-// An 8-byte length (the JSON's own unless `len` is given), the JSON, the data.
-std::string raw(const std::string& json, const std::string& data, std::uint64_t len = ~std::uint64_t{0}) {
-  return le64(len == ~std::uint64_t{0} ? json.size() : len) + json + data;
-}
 template <class T>
 std::string bytes_of(const std::vector<T>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
@@ -58,16 +50,7 @@ std::string safetensors_bytes(const std::vector<raw_tensor>& ts, const std::map<
   }
   std::string text = j.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  return raw(text, data);
-}
-// The error opening `path` gives, or "" when it opens.
-std::string open_error(const std::string& path) {
-  try {
-    ck::safetensors_file f(path);
-  } catch (const zshard::error& e) {
-    return e.what();
-  }
-  return "";
+  return raw_file(text, data);
 }
 
 }  // namespace
@@ -80,7 +63,7 @@ TEST_CASE("safetensors: a header length 1-7 bytes short (its padding eaten) is r
       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})" +
       std::string(7, ' ');
   const std::vector<float> v = {1.5f, -2.f, 3.25f, 4.f};
-  ck::write_small_file(p, raw(json, bytes_of(v)));
+  ck::write_small_file(p, raw_file(json, bytes_of(v)));
   {
     ck::safetensors_file f(p);
     std::vector<float> got(2);
@@ -89,7 +72,7 @@ TEST_CASE("safetensors: a header length 1-7 bytes short (its padding eaten) is r
   }
   for (std::uint64_t k = 1; k <= 7; ++k) {
     INFO("header length " << json.size() << " - " << k);
-    ck::write_small_file(p, raw(json, bytes_of(v), json.size() - k));
+    ck::write_small_file(p, raw_file(json, bytes_of(v), json.size() - k));
     const std::string e = open_error(p);
     CHECK(e.find(p) != std::string::npos);
     CHECK(e.find(std::to_string(k) + " trailing data bytes after the last tensor 'b' (data_offsets [8, 16])") !=
@@ -116,13 +99,13 @@ TEST_CASE("safetensors: an element count times dtype size that wraps is refused 
   };
   for (const auto& c : cases) {
     INFO(c.json);
-    ck::write_small_file(p, raw(c.json, ""));
+    ck::write_small_file(p, raw_file(c.json, ""));
     const std::string e = open_error(p);
     CHECK(e.find(c.expect) != std::string::npos);
     CHECK(e.find(p) != std::string::npos);
   }
   // a zero dimension without overflow is an empty tensor, which is valid
-  ck::write_small_file(p, raw(R"({"e":{"dtype":"F32","shape":[2147483648,0],"data_offsets":[0,0]}})", ""));
+  ck::write_small_file(p, raw_file(R"({"e":{"dtype":"F32","shape":[2147483648,0],"data_offsets":[0,0]}})", ""));
   CHECK(open_error(p).empty());
 }
 
@@ -153,21 +136,22 @@ TEST_CASE("safetensors: the tensors must cover the data exactly; holes, overlaps
   };
   for (const auto& c : cases) {
     INFO(c.json << " + " << c.data << " data bytes");
-    ck::write_small_file(p, raw(c.json, std::string(c.data, '\x07')));
+    ck::write_small_file(p, raw_file(c.json, std::string(c.data, '\x07')));
     const std::string e = open_error(p);
     CHECK(e.find(c.expect) != std::string::npos);
     CHECK(e.find(p) != std::string::npos);
   }
   // valid: out of order in the JSON, empty tensors at boundaries, no tensors and no data
-  ck::write_small_file(p, raw("{" + t("b", 8, 12) + "," + t("z", 8, 8) + "," + t("a", 0, 8) + "," + t("y", 12, 12) + "}",
-                              std::string(12, '\x07')));
+  ck::write_small_file(
+      p, raw_file("{" + t("b", 8, 12) + "," + t("z", 8, 8) + "," + t("a", 0, 8) + "," + t("y", 12, 12) + "}",
+                  std::string(12, '\x07')));
   CHECK(open_error(p).empty());
-  ck::write_small_file(p, raw("{}", ""));
+  ck::write_small_file(p, raw_file("{}", ""));
   CHECK(open_error(p).empty());
   // the header length itself: too short for an object, or not at a JSON object
-  ck::write_small_file(p, raw("", "", 0));
+  ck::write_small_file(p, raw_file("", "", 0));
   CHECK(open_error(p).find("header length 0 is too short") != std::string::npos);
-  ck::write_small_file(p, raw(" {}", ""));
+  ck::write_small_file(p, raw_file(" {}", ""));
   CHECK(open_error(p).find("does not start with '{'") != std::string::npos);
 }
 
@@ -185,15 +169,15 @@ TEST_CASE("safetensors: every dtype the format defines is parsed with its size; 
     auto json = [&](std::size_t n) {
       return R"({"t":{"dtype":")" + name + R"(","shape":[2,4],"data_offsets":[0,)" + std::to_string(n) + "]}}";
     };
-    ck::write_small_file(p, raw(json(bytes), std::string(bytes, '\x01')));
+    ck::write_small_file(p, raw_file(json(bytes), std::string(bytes, '\x01')));
     REQUIRE(open_error(p).empty());
     ck::safetensors_file f(p);
     CHECK(std::string(ck::safetensors_name(f.find("t")->type)) == name);
-    ck::write_small_file(p, raw(json(bytes + 1), std::string(bytes + 1, '\x01')));
+    ck::write_small_file(p, raw_file(json(bytes + 1), std::string(bytes + 1, '\x01')));
     CHECK(open_error(p).find("need " + std::to_string(bytes)) != std::string::npos);
   }
   // 3 elements of 4 bits: a byte and a half
-  ck::write_small_file(p, raw(R"({"t":{"dtype":"F4","shape":[3],"data_offsets":[0,1]}})", "\x01"));
+  ck::write_small_file(p, raw_file(R"({"t":{"dtype":"F4","shape":[3],"data_offsets":[0,1]}})", "\x01"));
   CHECK(open_error(p).find("3 elements of F4 (4 bits each) are not a whole number of bytes") != std::string::npos);
 }
 

@@ -116,13 +116,19 @@ result straight(int world) {
   });
 }
 
-template <class Policies>
-result resumed(int save_world, int load_world, const std::string& dir) {
-  on_skip_ranks<Policies>(save_world, options(), [&](auto& eng, const skip_model& sm) {
+// Steps 0-2 on `world` ranks, then a checkpoint in `dir`.
+template <class Policies = zshard::default_policies>
+void save_after_3_steps(int world, const std::string& dir) {
+  on_skip_ranks<Policies>(world, options(), [&](auto& eng, const skip_model& sm) {
     train(eng, sm, 0, 3);
     ck::save(eng, dir);
     return false;
   });
+}
+
+template <class Policies>
+result resumed(int save_world, int load_world, const std::string& dir) {
+  save_after_3_steps<Policies>(save_world, dir);
   return on_skip_ranks<Policies>(load_world, options(), [&](auto& eng, const skip_model& sm) {
     const auto info = ck::load(eng, dir, {.chunk_bytes = 4096});
     train(eng, sm, 3, 4);
@@ -162,28 +168,15 @@ void exact_with_skipped_steps() {
 
 // A failed load into a trained engine: every rank's error (they must agree); the engine is untouched.
 std::string failed_counts_load(const std::string& dir, int world = 2) {
-  std::mutex mu;
-  std::vector<std::string> errors;
+  rank_errors errors;
   on_skip_ranks<zshard::default_policies>(world, options(), [&](auto& eng, const skip_model& sm) {
     train(eng, sm, 0, 2);
-    const full_state before = gather_all(eng);
-    const auto counts = eng.update_counts();
-    std::string what;
-    try {
-      ck::load(eng, dir);
-    } catch (const zshard::error& e) {
-      what = e.what();
-    }
-    CHECK(same_bits(before, gather_all(eng)));
-    CHECK(eng.update_counts() == counts);
-    std::lock_guard lock(mu);
-    errors.push_back(what);
+    errors.add(load_error_untouched(eng, dir));
     return false;
   });
-  REQUIRE(errors.size() == std::size_t(world));
-  for (const auto& e : errors) CHECK(e == errors[0]);
-  CHECK(errors[0].find("manifest.json") != std::string::npos);
-  return errors[0];
+  const std::string e = errors.agreed(world);
+  CHECK(e.find("manifest.json") != std::string::npos);
+  return e;
 }
 
 }  // namespace
@@ -198,11 +191,7 @@ TEST_CASE("update counts: resume after skipped steps is bit for bit, host_adam O
 
 TEST_CASE("update counts: the manifest holds them (format 2); a format 1 checkpoint loads at the step, with a note") {
   temp_dir dir;
-  on_skip_ranks<zshard::default_policies>(2, options(), [&](auto& eng, const skip_model& sm) {
-    train(eng, sm, 0, 3);
-    ck::save(eng, dir.path());
-    return false;
-  });
+  save_after_3_steps(2, dir.path());
   nlohmann::json j = read_manifest(dir.path());
   CHECK(j["version"] == 4);
   CHECK(j["update_counts"] == nlohmann::json::array({3, 1, 0, 0}));
@@ -235,11 +224,7 @@ TEST_CASE("update counts: the manifest holds them (format 2); a format 1 checkpo
 
 TEST_CASE("update counts: damaged or mismatched counts are refused, naming the manifest; the engine is untouched") {
   temp_dir dir;
-  on_skip_ranks<zshard::default_policies>(3, options(), [&](auto& eng, const skip_model& sm) {
-    train(eng, sm, 0, 3);
-    ck::save(eng, dir.path());
-    return false;
-  });
+  save_after_3_steps(3, dir.path());
   const nlohmann::json good = read_manifest(dir.path());
   auto damaged = [&](auto&& change) {
     nlohmann::json j = good;

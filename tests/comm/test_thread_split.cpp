@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/early_return.hpp"
 #include "../support/split_rules.hpp"
 #include "zshard/comm/null_comm.hpp"
 #include "zshard/comm/thread_comm.hpp"
@@ -107,9 +108,7 @@ TEST_CASE("thread_comm split: a failure on one rank aborts the other ranks' grou
 // rank in the world and in the group, as plain ranks of the world do.
 TEST_CASE("thread_comm split: a rank that returns early fails its groups' waiting ranks at once, naming it") {
   for (bool nested : {false, true}) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::string msg;
-    try {
+    const auto [msg, waited] = test_support::run_with_early_return("nested " + std::to_string(nested), [&] {
       run_ranks(
           4,
           [&](thread_comm& comm) {
@@ -124,13 +123,8 @@ TEST_CASE("thread_comm split: a rank that returns early fails its groups' waitin
             // rank 2 ends too: no collective of the whole world is left to catch rank 1's return
           },
           std::chrono::seconds(60));
-    } catch (const std::exception& e) {
-      msg = e.what();
-    }
-    const auto waited = std::chrono::steady_clock::now() - t0;
+    });
     INFO(msg);
-    MESSAGE("nested " << nested << ": the others failed after "
-                      << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms");
     CHECK(msg.find("rank 1") != std::string::npos);
     CHECK(msg.find("returned from its run_ranks function") != std::string::npos);
     CHECK(waited < std::chrono::seconds(5));  // not the 60 s timeout

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/error_capture.hpp"
 #include "zshard/core/memory_ledger.hpp"
 
 using namespace zshard;
@@ -62,19 +63,15 @@ TEST_CASE("ledger: a request over budget throws a budget error naming category, 
   memory_ledger ledger("rank3 device", 1000);
   ledger.charge(mem_category::sharded_params, 600);
   ledger.charge(mem_category::gathered_params, 300);
-  try {
-    ledger.charge(mem_category::grad_buckets, 200);
-    FAIL("expected a budget error");
-  } catch (const error& e) {
-    CHECK(e.kind() == error_kind::budget);
-    const std::string what = e.what();
-    CHECK(what.find("rank3 device") != std::string::npos);
-    CHECK(what.find("grad_buckets") != std::string::npos);
-    CHECK(what.find("request of 200 bytes") != std::string::npos);
-    CHECK(what.find("budget of 1000 bytes") != std::string::npos);
-    CHECK(what.find("in use 900 bytes") != std::string::npos);
-    CHECK(!e.hint().empty());
-  }
+  const error e = test_support::thrown_by([&] { ledger.charge(mem_category::grad_buckets, 200); });
+  CHECK(e.kind() == error_kind::budget);
+  const std::string what = e.what();
+  CHECK(what.find("rank3 device") != std::string::npos);
+  CHECK(what.find("grad_buckets") != std::string::npos);
+  CHECK(what.find("request of 200 bytes") != std::string::npos);
+  CHECK(what.find("budget of 1000 bytes") != std::string::npos);
+  CHECK(what.find("in use 900 bytes") != std::string::npos);
+  CHECK(!e.hint().empty());
   // nothing changed
   CHECK(ledger.total_current() == 900);
   CHECK(ledger.current(mem_category::grad_buckets) == 0);

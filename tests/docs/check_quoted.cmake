@@ -1,8 +1,16 @@
 cmake_minimum_required(VERSION 3.22)
-# Checks that every ```cpp block of DOC appears verbatim in SOURCE, so the doc's code is the
-# code a test compiles and runs. Usage: cmake -DDOC=... -DSOURCE=... -P check_quoted.cmake
+# Checks that every ```cpp block of DOC appears verbatim in SOURCE or in a header SOURCE includes
+# from its own folder (#include "name.hpp"), so the doc's code is the code a test compiles and
+# runs. Usage: cmake -DDOC=... -DSOURCE=... -P check_quoted.cmake
 file(READ ${DOC} doc)
 file(READ ${SOURCE} src)
+get_filename_component(source_dir ${SOURCE} DIRECTORY)
+string(REGEX MATCHALL "#include \"[^\"/]+\"" local_includes "${src}")
+foreach(line IN LISTS local_includes)
+  string(REGEX REPLACE "#include \"([^\"]+)\"" "\\1" name "${line}")
+  file(READ ${source_dir}/${name} header)
+  string(APPEND src "\n${header}")
+endforeach()
 set(blocks 0)
 while(TRUE)
   string(FIND "${doc}" "```cpp\n" begin)
@@ -16,7 +24,7 @@ while(TRUE)
   string(SUBSTRING "${doc}" ${end} -1 doc)
   string(FIND "${src}" "${block}" at)
   if(at EQUAL -1)
-    message(FATAL_ERROR "this cpp block of ${DOC} is not in ${SOURCE}:\n${block}")
+    message(FATAL_ERROR "this cpp block of ${DOC} is not in ${SOURCE} or the headers it includes:\n${block}")
   endif()
   math(EXPR blocks "${blocks} + 1")
 endwhile()

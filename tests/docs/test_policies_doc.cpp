@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../engine/toy_training.hpp"
+#include "neighbour_prefetcher.hpp"
 #include "zshard/offload/host_adam.hpp"
 #include "zshard/plan/phantom_run.hpp"
 #include "zshard/plan/plan_table.hpp"
@@ -36,34 +37,7 @@ struct line_aligned {
 };
 static_assert(check_partitioner<line_aligned>());
 
-// ---- Prefetcher ----------------------------------------------------------------------------
-// Gathers the neighbouring module in the direction of travel: m+1 going forward (ids rising),
-// m-1 going backward. No trace, no state beyond the last module seen.
-struct neighbour {
-  using zshard_tag = prefetcher_tag;
-  template <class Backend, class Comm>
-  using impl = neighbour;
-
-  void reset(const model_spec& spec, const std::vector<shard_layout>&, const prefetch_config&, const log_sink&) {
-    spec_ = &spec;
-    last_ = 0;
-  }
-  void on_scope_enter(module_id m, use_kind, std::vector<param_id>& ahead) {
-    const bool rising = m >= last_;
-    last_ = m;
-    if (rising && m + 1 < spec_->modules().size())
-      for (param_id p : spec_->module(m + 1).params) ahead.push_back(p);
-    if (!rising && m > 0)
-      for (param_id p : spec_->module(m - 1).params) ahead.push_back(p);
-  }
-  bool keep_after_scope(param_id) const { return false; }
-  void on_step() { last_ = 0; }
-
- private:
-  const model_spec* spec_ = nullptr;
-  module_id last_ = 0;
-};
-static_assert(check_prefetcher<neighbour>());
+// ---- Prefetcher: neighbour, in neighbour_prefetcher.hpp (the planner's property test runs it too) ----
 
 // ---- Reducer -------------------------------------------------------------------------------
 // Reduces each gradient the moment it is complete: no bucket, one collective per parameter.

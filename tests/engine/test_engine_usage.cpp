@@ -132,10 +132,7 @@ TEST_CASE("configuration errors at construction") {
 }
 
 TEST_CASE("uses whose backward never ran are swept at end_backward, reduced, released and reported (I3)") {
-  run_ranks(2, [](thread_comm& comm) {
-    toy::ids id;
-    host_backend backend;
-    host_engine eng(backend, comm, toy::make_spec({}, id), {});
+  toy::on_toy_engines(2, [](auto& eng, const toy::ids& id, thread_comm&) {
     { auto g = eng.forward(id.embed); }
     { auto g = eng.forward(id.head); }
     { auto g = eng.forward(id.head); }  // the head used twice, only one backward runs
@@ -148,8 +145,8 @@ TEST_CASE("uses whose backward never ran are swept at end_backward, reduced, rel
     CHECK(eng.tracker().pending_uses(id.embed) == 1);
     eng.end_backward();
     CHECK(eng.tracker().pending_uses(id.head) == 0);
-    CHECK(backend.ledger().current(mem_category::gathered_params) == 0);
-    CHECK(backend.ledger().current(mem_category::grad_buckets) == 0);
+    CHECK(eng.backend().ledger().current(mem_category::gathered_params) == 0);
+    CHECK(eng.backend().ledger().current(mem_category::grad_buckets) == 0);
     const auto r = eng.step();
     REQUIRE(r.swept.size() == 2);
     CHECK(r.swept[0].module == id.embed);
@@ -173,21 +170,14 @@ struct failing_reducer {
   void flush(Sink&) {}
   std::size_t pending_numel() const { return 0; }
 };
-struct failing_reducer_family {
-  using zshard_tag = reducer_tag;
-  template <class Backend, class Comm>
-  using impl = failing_reducer<Backend, Comm>;
-};
+struct failing_reducer_family : test_support::family<reducer_tag, failing_reducer> {};
 using failing_policies = test_support::with_reducer<failing_reducer_family>;
 
 }  // namespace
 
 TEST_CASE("a failure when a scope closes in its destructor is not lost: the next engine call rethrows it") {
   for (bool close_explicitly : {false, true}) {
-    run_ranks(1, [&](thread_comm& comm) {
-      toy::ids id;
-      host_backend backend;
-      engine<host_backend, thread_comm, failing_policies> eng(backend, comm, toy::make_spec({}, id), {});
+    toy::on_toy_engines<failing_policies>(1, [&](auto& eng, const toy::ids& id, thread_comm&) {
       { auto g = eng.forward(id.embed); }
       eng.begin_backward();
       if (close_explicitly) {  // close() reports the failure directly

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/use_counting_comm.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
@@ -27,30 +28,7 @@ namespace {
 
 // Counts the all-gathers of parameters the engine issues for scopes (each gathers one
 // parameter); the ranks' agreement exchanges, also all-gathers, are told apart by their tags.
-struct counting_comm {
-  using zshard_tag = communicator_tag;
-  thread_comm& inner;
-  std::size_t gathers = 0;
-  int rank() const { return inner.rank(); }
-  int size() const { return inner.size(); }
-  void all_gather(const void* s, void* d, std::size_t n, dtype t, comm_stream cs, const collective_tag& tag = {}) {
-    if (tag.use == collective_use::gather || tag.use == collective_use::gather_ahead) ++gathers;
-    inner.all_gather(s, d, n, t, cs, tag);
-  }
-  void reduce_scatter(const void* s, void* d, std::size_t n, dtype t, reduce_op op, comm_stream cs,
-                      const collective_tag& tag = {}) {
-    inner.reduce_scatter(s, d, n, t, op, cs, tag);
-  }
-  void all_reduce(const void* s, void* d, std::size_t n, dtype t, reduce_op op, comm_stream cs,
-                  const collective_tag& tag = {}) {
-    inner.all_reduce(s, d, n, t, op, cs, tag);
-  }
-  void broadcast(void* d, std::size_t n, dtype t, int root, comm_stream cs, const collective_tag& tag = {}) {
-    inner.broadcast(d, n, t, root, cs, tag);
-  }
-  void barrier(comm_stream cs) { inner.barrier(cs); }
-};
-static_assert(tags_collectives<counting_comm>);
+using counting_comm = test_support::use_counting_comm;
 
 using nested_engine = engine<host_backend, counting_comm>;
 
@@ -208,7 +186,7 @@ run_result train(mode how, std::size_t max_live, int steps, const std::vector<st
       out.params = std::move(params);
       out.max_resident = max_resident;
       out.hold_evictions = eng.residency_state().hold_evictions();
-      out.gathers = comm.gathers;
+      out.gathers = std::size_t(comm.gathers());
       out.peak_gathered_bytes = eng.ledger().peak(mem_category::gathered_params);
     }
   });

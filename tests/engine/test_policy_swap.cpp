@@ -2,23 +2,15 @@
 // side in one program, and each trains correctly.
 #include <doctest/doctest.h>
 
+#include "../support/replicate_all.hpp"
 #include "toy_training.hpp"
 
 using namespace zshard;
 
 namespace {
 
-// A Partitioner that keeps every parameter whole on every rank (plain data parallelism):
-// the engine then all-reduces every gradient and never gathers.
-struct replicate_all {
-  using zshard_tag = partitioner_tag;
-  template <class Backend, class Comm>
-  using impl = replicate_all;
-  shard_layout layout(const param_identity& p, int, const partition_config&) const {
-    return {.numel = p.numel(), .shard_numel = p.numel(), .padded_numel = p.numel(), .replicated = true};
-  }
-};
-static_assert(check_partitioner<replicate_all>());
+// Every parameter whole on every rank (plain data parallelism): all-reduce, never a gather.
+using test_support::replicate_all;
 
 struct data_parallel_policies : default_policies {
   using partitioner = replicate_all;

@@ -163,10 +163,7 @@ TEST_CASE("state access: a value and moments written by one rank; training conti
 }
 
 TEST_CASE("state access: bad calls fail on every rank alike, none hangs") {
-  run_ranks(2, [](thread_comm& comm) {
-    toy::ids id;
-    host_backend backend;
-    engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec({}, id), {});
+  toy::on_toy_engines(2, [](auto& eng, const toy::ids& id, thread_comm& comm) {
     const std::vector<float> short_value(3, 1.0f);
     // the writer passes a wrong size: every rank learns it
     CHECK(message_of([&] { eng.write_param(id.W[0], short_value, 0); }).find("wrong size") != std::string::npos);
@@ -194,10 +191,7 @@ TEST_CASE("state access: bad calls fail on every rank alike, none hangs") {
 // Issue 25 point 10: moments that would turn the parameter into NaN at the next step (a negative
 // or non-finite v, a non-finite m) are refused on every rank before anything changes.
 TEST_CASE("write_optimizer_state refuses a negative or non-finite v and a non-finite m, on every rank") {
-  run_ranks(2, [](thread_comm& comm) {
-    toy::ids id;
-    host_backend backend;
-    engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec({}, id), {});
+  toy::on_toy_engines(2, [](auto& eng, const toy::ids& id, thread_comm& comm) {
     const std::size_t n = eng.spec().param(id.W[0]).numel();
     const bool writer = comm.rank() == 1;
     auto write = [&](state_field f, const std::vector<float>& x) {

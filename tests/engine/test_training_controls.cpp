@@ -13,6 +13,7 @@
 #include "../checkpoint/test_dir.hpp"
 #include "../support/error_capture.hpp"
 #include "../support/policies.hpp"
+#include "../support/use_counting_comm.hpp"
 #include "feature_training.hpp"
 #include "zshard/checkpoint/checkpoint.hpp"
 #include "zshard/testing/invariants.hpp"
@@ -164,35 +165,7 @@ TEST_CASE("set_lr on one rank only fails the next step on every rank, naming the
   }
 }
 
-namespace {
-// Counts every collective by its use (collective_tag::use), forwarding to thread_comm.
-struct use_counting_comm {
-  using zshard_tag = communicator_tag;
-  thread_comm& inner;
-  std::map<collective_use, int> calls{};
-  int rank() const { return inner.rank(); }
-  int size() const { return inner.size(); }
-  void all_gather(const void* s, void* d, std::size_t n, dtype t, comm_stream cs, const collective_tag& tag = {}) {
-    ++calls[tag.use];
-    inner.all_gather(s, d, n, t, cs, tag);
-  }
-  void reduce_scatter(const void* s, void* d, std::size_t n, dtype t, reduce_op op, comm_stream cs,
-                      const collective_tag& tag = {}) {
-    ++calls[tag.use];
-    inner.reduce_scatter(s, d, n, t, op, cs, tag);
-  }
-  void all_reduce(const void* s, void* d, std::size_t n, dtype t, reduce_op op, comm_stream cs,
-                  const collective_tag& tag = {}) {
-    ++calls[tag.use];
-    inner.all_reduce(s, d, n, t, op, cs, tag);
-  }
-  void broadcast(void* d, std::size_t n, dtype t, int root, comm_stream cs, const collective_tag& tag = {}) {
-    ++calls[tag.use];
-    inner.broadcast(d, n, t, root, cs, tag);
-  }
-  void barrier(comm_stream cs) { inner.barrier(cs); }
-};
-}  // namespace
+using test_support::use_counting_comm;
 
 TEST_CASE("step() is one exchange whatever the norm type: the norm's parts ride with the fingerprint") {
   for (double type : {2.0, 1.0, double(INFINITY)}) {
@@ -404,10 +377,7 @@ TEST_CASE("unfreezing after a checkpoint load trains from the loaded value, not 
 }
 
 TEST_CASE("set_trainable: between steps only, on every rank alike, and the gradient goes away") {
-  run_ranks(2, [](thread_comm& comm) {
-    toy::ids id;
-    host_backend backend;
-    engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec({}, id), {});
+  toy::on_toy_engines(2, [](auto& eng, const toy::ids& id, thread_comm&) {
     { auto g = eng.forward(id.embed); }
     CHECK(message_of([&] { eng.set_trainable(id.E, false); }).find("during a step") != std::string::npos);
     eng.begin_backward();
@@ -433,10 +403,7 @@ TEST_CASE("set_trainable: between steps only, on every rank alike, and the gradi
     CHECK(eng.ledger().current(mem_category::optimizer_state) > state_before);
   });
   CHECK(message_of([] {
-          run_ranks(2, [](thread_comm& comm) {
-            toy::ids id;
-            host_backend backend;
-            engine<host_backend, thread_comm> eng(backend, comm, toy::make_spec({}, id), {});
+          toy::on_toy_engines(2, [](auto& eng, const toy::ids& id, thread_comm& comm) {
             eng.set_trainable(comm.rank() == 0 ? id.W[0] : id.W[1], false);
           });
         }).find("different arguments") != std::string::npos);
@@ -507,11 +474,7 @@ struct no_groups_impl : offload::on_device_impl<Backend, Comm> {
   using offload::on_device_impl<Backend, Comm>::on_device_impl;
   static constexpr bool applies_param_groups = false;
 };
-struct no_groups {
-  using zshard_tag = offloader_tag;
-  template <class Backend, class Comm>
-  using impl = no_groups_impl<Backend, Comm>;
-};
+struct no_groups : test_support::family<offloader_tag, no_groups_impl> {};
 using no_groups_policies = test_support::with_offloader<no_groups>;
 }  // namespace
 

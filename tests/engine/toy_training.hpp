@@ -172,6 +172,18 @@ train_result train_sharded(const train_options& o, After after = {}) {
   return result;
 }
 
+// fn(eng, id, comm) on `world` thread ranks, each with an engine (Policies, the default config)
+// of the default toy model: where a test of the engine's calls, not of its training, starts.
+template <class Policies = zshard::default_policies, class Fn>
+void on_toy_engines(int world, Fn&& fn) {
+  zshard::run_ranks(world, [&](zshard::thread_comm& comm) {
+    ids id;
+    zshard::host_backend backend;
+    zshard::engine<zshard::host_backend, zshard::thread_comm, Policies> eng(backend, comm, make_spec({}, id), {});
+    fn(eng, static_cast<const ids&>(id), comm);
+  });
+}
+
 // ---- the float64 single-process reference ---------------------------------------------------
 inline double round_to(double x, zshard::dtype t) {
   const float f = static_cast<float>(x);

@@ -49,6 +49,15 @@ void randomise(gpt::plain_params<double>& p, const gpt::module_desc& m, uint64_t
   }
 }
 
+// Module k of tiny_config()'s model (0 the embedding, 1 a block, 3 the head), randomised from
+// `seed`: the layer a gradient check perturbs.
+struct layer_check {
+  const gpt::gpt_config c = tiny_config();
+  const gpt::module_desc desc;
+  gpt::plain_params<double> p;
+  layer_check(std::size_t k, uint64_t seed) : desc(gpt::describe(c)[k]), p(desc, 1) { randomise(p, desc, seed); }
+};
+
 std::vector<int32_t> random_tokens(std::size_t n, int vocab, uint64_t seed) {
   gpt::rng r{seed};
   std::vector<int32_t> t(n);
@@ -187,10 +196,7 @@ TEST_CASE("init is deterministic per element, whatever the chunking") {
 }
 
 TEST_CASE("gradient check: embed") {
-  const auto c = tiny_config();
-  const auto desc = gpt::describe(c)[0];
-  gpt::plain_params<double> p(desc, 1);
-  randomise(p, desc, 2);
+  auto [c, desc, p] = layer_check(0, 2);
   const int B = 2, T = 5;
   const auto tokens = random_tokens(B * T, c.vocab, 3);
   const mat<double> r = random_mat(B * T, c.d_model, 4);
@@ -214,10 +220,7 @@ TEST_CASE("gradient check: embed") {
 }
 
 TEST_CASE("gradient check: block (every parameter and the input)") {
-  const auto c = tiny_config();
-  const auto desc = gpt::describe(c)[1];
-  gpt::plain_params<double> p(desc, 1);
-  randomise(p, desc, 5);
+  auto [c, desc, p] = layer_check(1, 5);
   const int B = 2, T = 5;
   mat<double> x = random_mat(B * T, c.d_model, 6);
   const mat<double> r = random_mat(B * T, c.d_model, 7);
@@ -234,10 +237,7 @@ TEST_CASE("gradient check: block (every parameter and the input)") {
 }
 
 TEST_CASE("gradient check: head (every parameter and the input)") {
-  const auto c = tiny_config();
-  const auto desc = gpt::describe(c)[3];
-  gpt::plain_params<double> p(desc, 1);
-  randomise(p, desc, 8);
+  auto [c, desc, p] = layer_check(3, 8);
   const int n = 7;
   mat<double> x = random_mat(n, c.d_model, 9);
   const mat<double> r = random_mat(n, c.vocab, 10);

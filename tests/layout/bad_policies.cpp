@@ -2,9 +2,14 @@
 // fail to compile with zshard's own message for that mistake (tests/CMakeLists.txt compiles
 // every case with -fsyntax-only and matches the message), never only with template noise such
 // as "no class template named impl". Case 0 is the control: it must compile.
+#include <tuple>
+
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
+#include "../support/policies.hpp"
+#include "../support/impl_family.hpp"
+#include "../support/replicate_all.hpp"
 
 #ifndef ZSHARD_BAD_CASE
 #define ZSHARD_BAD_CASE 0
@@ -15,13 +20,17 @@ namespace bad {
 using namespace zshard;
 
 // Right: every policy of this file starts from one of these and breaks one thing.
-struct good_partitioner {
-  using zshard_tag = partitioner_tag;
+using good_partitioner = test_support::replicate_all;
+
+// A policy without its tag, of a class-template implementation; one with only its tag.
+template <template <class, class> class Impl>
+struct untagged {
   template <class Backend, class Comm>
-  using impl = good_partitioner;
-  shard_layout layout(const param_identity& p, int, const partition_config&) const {
-    return {.numel = p.numel(), .shard_numel = p.numel(), .padded_numel = p.numel(), .replicated = true};
-  }
+  using impl = Impl<Backend, Comm>;
+};
+template <class Tag>
+struct implless {
+  using zshard_tag = Tag;
 };
 
 struct untagged_partitioner {  // 1: missing tag
@@ -44,9 +53,7 @@ struct derived_partitioner : good_partitioner {};  // 4: inherits the base's sel
 struct untagged_prefetcher : prefetch::on_demand {  // 5
   using zshard_tag = void;
 };
-struct implless_prefetcher {  // 6
-  using zshard_tag = prefetcher_tag;
-};
+using implless_prefetcher = implless<prefetcher_tag>;  // 6
 struct misshapen_prefetcher {  // 7: the pre-house reset(spec, layouts, engine_config)
   using zshard_tag = prefetcher_tag;
   template <class Backend, class Comm>
@@ -57,13 +64,8 @@ struct misshapen_prefetcher {  // 7: the pre-house reset(spec, layouts, engine_c
   void on_step() {}
 };
 
-struct untagged_reducer {  // 8
-  template <class Backend, class Comm>
-  using impl = reduce::bucketed_reducer<Backend, Comm>;
-};
-struct implless_reducer {  // 9
-  using zshard_tag = reducer_tag;
-};
+using untagged_reducer = untagged<reduce::bucketed_reducer>;  // 8
+using implless_reducer = implless<reducer_tag>;               // 9
 template <class Backend, class Comm>
 struct reducer_without_flush {  // 10
   reducer_without_flush(param_store<Backend>&, Comm&, const reduce_config&) {}
@@ -71,38 +73,23 @@ struct reducer_without_flush {  // 10
   void grad_ready(param_id, Sink&) {}
   std::size_t pending_numel() const { return 0; }
 };
-struct misshapen_reducer {
-  using zshard_tag = reducer_tag;
-  template <class Backend, class Comm>
-  using impl = reducer_without_flush<Backend, Comm>;
-};
+using misshapen_reducer = test_support::family<reducer_tag, reducer_without_flush>;
 
-struct untagged_offloader {  // 11
-  template <class Backend, class Comm>
-  using impl = offload::on_device_impl<Backend, Comm>;
-};
-struct implless_offloader {  // 12
-  using zshard_tag = offloader_tag;
-};
+using untagged_offloader = untagged<offload::on_device_impl>;  // 11
+using implless_offloader = implless<offloader_tag>;            // 12
 template <class Backend, class Comm>
 struct offloader_with_old_constructor : offload::on_device_impl<Backend, Comm> {  // 13
   offloader_with_old_constructor(param_store<Backend>& s, Comm& c, const engine_config& cfg)
       : offload::on_device_impl<Backend, Comm>(s, c, cfg.adamw, cfg.offload) {}
 };
-struct misshapen_offloader {
-  using zshard_tag = offloader_tag;
-  template <class Backend, class Comm>
-  using impl = offloader_with_old_constructor<Backend, Comm>;
-};
+using misshapen_offloader = test_support::family<offloader_tag, offloader_with_old_constructor>;
 
 struct untagged_tracker : track::use_counter {  // 14
   using zshard_tag = int;
   template <class Backend, class Comm>
   using impl = untagged_tracker;
 };
-struct implless_tracker {  // 15
-  using zshard_tag = hook_tracker_tag;
-};
+using implless_tracker = implless<hook_tracker_tag>;  // 15
 struct misshapen_tracker : track::use_counter {  // 16: on_forward must say whether it counted
   template <class Backend, class Comm>
   using impl = misshapen_tracker;
@@ -113,46 +100,21 @@ struct not_a_backend {};                        // 17
 struct not_a_comm {};                           // 18
 struct not_policies {};                         // 19
 
-#define ZSHARD_POLICIES(member, type) \
-  struct policies : default_policies { using member = type; }
-
-#if ZSHARD_BAD_CASE == 0
-ZSHARD_POLICIES(partitioner, good_partitioner);
-#elif ZSHARD_BAD_CASE == 1
-ZSHARD_POLICIES(partitioner, untagged_partitioner);
-#elif ZSHARD_BAD_CASE == 2
-ZSHARD_POLICIES(partitioner, implless_partitioner);
-#elif ZSHARD_BAD_CASE == 3
-ZSHARD_POLICIES(partitioner, misshapen_partitioner);
-#elif ZSHARD_BAD_CASE == 4
-ZSHARD_POLICIES(partitioner, derived_partitioner);
-#elif ZSHARD_BAD_CASE == 5
-ZSHARD_POLICIES(prefetcher, untagged_prefetcher);
-#elif ZSHARD_BAD_CASE == 6
-ZSHARD_POLICIES(prefetcher, implless_prefetcher);
-#elif ZSHARD_BAD_CASE == 7
-ZSHARD_POLICIES(prefetcher, misshapen_prefetcher);
-#elif ZSHARD_BAD_CASE == 8
-ZSHARD_POLICIES(reducer, untagged_reducer);
-#elif ZSHARD_BAD_CASE == 9
-ZSHARD_POLICIES(reducer, implless_reducer);
-#elif ZSHARD_BAD_CASE == 10
-ZSHARD_POLICIES(reducer, misshapen_reducer);
-#elif ZSHARD_BAD_CASE == 11
-ZSHARD_POLICIES(offloader, untagged_offloader);
-#elif ZSHARD_BAD_CASE == 12
-ZSHARD_POLICIES(offloader, implless_offloader);
-#elif ZSHARD_BAD_CASE == 13
-ZSHARD_POLICIES(offloader, misshapen_offloader);
-#elif ZSHARD_BAD_CASE == 14
-ZSHARD_POLICIES(hook_tracker, untagged_tracker);
-#elif ZSHARD_BAD_CASE == 15
-ZSHARD_POLICIES(hook_tracker, implless_tracker);
-#elif ZSHARD_BAD_CASE == 16
-ZSHARD_POLICIES(hook_tracker, misshapen_tracker);
-#else
-using policies = default_policies;
-#endif
+// Case k's policies: the defaults with one policy swapped (cases 17-19 break something else).
+using namespace test_support;
+using case_policies = std::tuple_element_t<
+    ZSHARD_BAD_CASE,
+    std::tuple<with_partitioner<good_partitioner>,  // 0
+               with_partitioner<untagged_partitioner>, with_partitioner<implless_partitioner>,
+               with_partitioner<misshapen_partitioner>, with_partitioner<derived_partitioner>,
+               with_prefetcher<untagged_prefetcher>, with_prefetcher<implless_prefetcher>,
+               with_prefetcher<misshapen_prefetcher>,  // 5-7
+               with_reducer<untagged_reducer>, with_reducer<implless_reducer>, with_reducer<misshapen_reducer>,
+               with_offloader<untagged_offloader>, with_offloader<implless_offloader>,
+               with_offloader<misshapen_offloader>,  // 11-13
+               with_hook_tracker<untagged_tracker>, with_hook_tracker<implless_tracker>,
+               with_hook_tracker<misshapen_tracker>,  // 14-16
+               default_policies, default_policies, default_policies>>;
 
 #if ZSHARD_BAD_CASE == 17
 using backend_type = not_a_backend;
@@ -167,7 +129,7 @@ using comm_type = thread_comm;
 #if ZSHARD_BAD_CASE == 19
 using policies_type = not_policies;
 #else
-using policies_type = policies;
+using policies_type = case_policies;
 #endif
 
 // Naming the class's size instantiates it, and with it the engine's checks.

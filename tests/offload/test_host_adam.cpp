@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 
+#include "../support/error_capture.hpp"
 #include "../support/policies.hpp"
 #include "../engine/toy_training.hpp"
 #include "offload_fixtures.hpp"
@@ -231,15 +232,9 @@ TEST_CASE("host_adam: optimizer state and gradient shards move from the device l
 }
 
 TEST_CASE("host_adam: a host budget that cannot hold the state fails at construction, naming the host ledger") {
-  bool thrown = false;
-  try {
-    train<host_backend, policies_with<tight_host_adam>>(base(1));
-  } catch (const error& e) {
-    thrown = true;
-    CHECK(e.kind() == error_kind::budget);
-    CHECK(std::string(e.what()).find("host (offloaded optimizer state)") != std::string::npos);
-  }
-  CHECK(thrown);
+  const error e = test_support::thrown_by([] { train<host_backend, policies_with<tight_host_adam>>(base(1)); });
+  CHECK(e.kind() == error_kind::budget);
+  CHECK(std::string(e.what()).find("host (offloaded optimizer state)") != std::string::npos);
   offload_config bad;
   bad.host_threads = -1;
   CHECK_THROWS_AS(bad.validate(), error);

@@ -23,6 +23,7 @@
 #include "../checkpoint/test_dir.hpp"
 #include "../engine/equivalence_check.hpp"
 #include "../engine/hybrid_training.hpp"
+#include "../support/error_capture.hpp"
 #include "../support/policies.hpp"
 #include "offload_fixtures.hpp"
 #include "zshard/comm/null_comm.hpp"
@@ -36,12 +37,8 @@ using nvme_policies = test_support::host_offload_policies;
 using nvme_device_backend = offload_test::device_like_backend;
 
 toy::train_options nvme_options(int world, dtype t) {
-  toy::train_options o = toy::base_options(world);
-  o.engine.param_dtype = t;
-  o.engine.offload.host_threads = 2;
+  toy::train_options o = offload_test::offload_options(world, t);
   o.model.dim = 40;  // some thousand elements per rank: several chunks of 1024 at every world size
-  o.steps = 3;
-  o.micro_batches = 2;
   return o;
 }
 
@@ -64,14 +61,7 @@ struct nvme_run_result {
 template <class Backend = host_backend>
 nvme_run_result nvme_train(const toy::train_options& o) {
   nvme_run_result r;
-  std::mutex mu;
-  run_ranks(o.world, [&](thread_comm& comm) {
-    Backend backend;
-    toy::ids id;
-    engine<Backend, thread_comm, nvme_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
-    toy::train_checkpointed_rank(eng, comm.rank(), o, mu, r.train);
-    if (comm.rank() != 0) return;
-    std::lock_guard lock(mu);
+  offload_test::train_offloaded<nvme_policies, Backend>(o, r.train, [&](auto& eng, Backend&) {
     r.host_optimizer = eng.offloader().state_ledger().current(mem_category::optimizer_state);
     for (param_id p = 0; p < eng.spec().params().size(); ++p)
       if (eng.spec().params()[p].trainable) r.flat_numel += optim::round_up_to_granule(eng.layout(p).shard_numel);
@@ -176,21 +166,17 @@ TEST_CASE("NVMe tier: a full disk at construction is an error naming the file an
   toy::ids id;
   host_backend backend;
   null_comm comm(0, 1);
-  bool thrown = false;
   {
     file_size_limit limit(4096);
-    try {
+    const error e = test_support::thrown_by([&] {
       engine<host_backend, null_comm, nvme_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
-    } catch (const error& e) {
-      thrown = true;
-      CHECK(e.kind() == error_kind::io);
-      const std::string msg = e.what();
-      CHECK(msg.find(dir.path() + "/zshard-optimizer-r0-") != std::string::npos);
-      CHECK(msg.find("cannot allocate") != std::string::npos);
-      CHECK(msg.find("File too large") != std::string::npos);
-    }
+    });
+    CHECK(e.kind() == error_kind::io);
+    const std::string msg = e.what();
+    CHECK(msg.find(dir.path() + "/zshard-optimizer-r0-") != std::string::npos);
+    CHECK(msg.find("cannot allocate") != std::string::npos);
+    CHECK(msg.find("File too large") != std::string::npos);
   }
-  CHECK(thrown);
   CHECK(std::filesystem::is_empty(dir.path()));  // the half-made file is removed
   CHECK(backend.ledger().total_current() == 0);
 }
@@ -315,33 +301,21 @@ TEST_CASE("NVMe tier: a state file cut short under a running engine fails the st
     REQUIRE(n->active_slot() == 1);
     REQUIRE(::truncate(n->file()->path().c_str(), off_t(n->chunk_bytes())) == 0);  // slot 1 is gone
     toy::run_checkpointed_micro_batch(eng, o.model, id, toy::make_batch(o.model.vocab, 1, o.rows));
-    bool thrown = false;
-    try {
-      eng.step();
-    } catch (const error& e) {
-      thrown = true;
-      CHECK(e.kind() == error_kind::io);
-      const std::string msg = e.what();
-      CHECK(msg.find("read of 12288 bytes at offset 12288 of NVMe state file '" + n->file()->path() + "'") !=
-            std::string::npos);  // chunk 0 of slot 1
-      CHECK(msg.find("end of file") != std::string::npos);
-    }
-    CHECK(thrown);
+    const error e = test_support::thrown_by([&] { eng.step(); });
+    CHECK(e.kind() == error_kind::io);
+    const std::string msg = e.what();
+    CHECK(msg.find("read of 12288 bytes at offset 12288 of NVMe state file '" + n->file()->path() + "'") !=
+          std::string::npos);  // chunk 0 of slot 1
+    CHECK(msg.find("end of file") != std::string::npos);
     CHECK(eng.steps_taken() == 1);
   });
 }
 
 TEST_CASE("NVMe tier settings are checked by name") {
   auto fails = [](offload_config c, const char* words) {
-    bool thrown = false;
-    try {
-      c.validate();
-    } catch (const error& e) {
-      thrown = true;
-      CHECK(e.kind() == error_kind::config);
-      CHECK(std::string(e.what()).find(words) != std::string::npos);
-    }
-    CHECK(thrown);
+    const error e = test_support::thrown_by([&] { c.validate(); });
+    CHECK(e.kind() == error_kind::config);
+    CHECK(std::string(e.what()).find(words) != std::string::npos);
   };
   fails({.optimizer_state = offload_tier::nvme}, "without nvme_path");
   fails({.optimizer_state = offload_tier::nvme, .nvme_path = "/tmp", .nvme_chunk_numel = 1000},
@@ -356,11 +330,7 @@ TEST_CASE("NVMe tier settings are checked by name") {
   engine_config cfg;
   cfg.offload.optimizer_state = offload_tier::nvme;
   cfg.offload.nvme_path = "/tmp";
-  bool thrown = false;
-  try {
-    engine<host_backend, null_comm> eng(backend, comm, toy::make_spec({}, id), cfg);
-  } catch (const error& e) {
-    thrown = std::string(e.what()).find("optimizer_state = nvme with offload::on_device") != std::string::npos;
-  }
-  CHECK(thrown);
+  const std::string msg = test_support::message_of(
+      [&] { engine<host_backend, null_comm> eng(backend, comm, toy::make_spec({}, id), cfg); });
+  CHECK(msg.find("optimizer_state = nvme with offload::on_device") != std::string::npos);
 }

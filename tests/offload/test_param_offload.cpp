@@ -15,6 +15,7 @@
 
 #include "../engine/equivalence_check.hpp"
 #include "../engine/hybrid_training.hpp"
+#include "../support/error_capture.hpp"
 #include "../support/policies.hpp"
 #include "offload_fixtures.hpp"
 #include "zshard/comm/null_comm.hpp"
@@ -36,27 +37,13 @@ struct param_tier_result {
   std::uint64_t uploaded = 0;
 };
 
-toy::train_options options(int world, dtype t) {
-  toy::train_options o = toy::base_options(world);
-  o.engine.param_dtype = t;
-  o.engine.offload.host_threads = 2;
-  o.steps = 3;
-  o.micro_batches = 2;
-  return o;
-}
+using offload_test::offload_options;
 
 // Checkpointed training with a no-grad pass per step (hybrid_training.hpp); rank 0's ledgers.
 template <class Backend>
 param_tier_result train(const toy::train_options& o) {
   param_tier_result r;
-  std::mutex mu;
-  run_ranks(o.world, [&](thread_comm& comm) {
-    Backend backend;
-    toy::ids id;
-    engine<Backend, thread_comm, param_tier_policies> eng(backend, comm, toy::make_spec(o.model, id), o.engine);
-    toy::train_checkpointed_rank(eng, comm.rank(), o, mu, r.train);
-    if (comm.rank() != 0) return;
-    std::lock_guard lock(mu);
+  offload_test::train_offloaded<param_tier_policies, Backend>(o, r.train, [&](auto& eng, Backend& backend) {
     const memory_ledger& host = eng.offloader().state_ledger();
     r.device_sharded = backend.ledger().current(mem_category::sharded_params);
     r.device_scratch_now = backend.ledger().current(mem_category::scratch);
@@ -85,7 +72,7 @@ TEST_CASE(
   for (int world = 1; world <= 4; ++world) {
     for (dtype t : {dtype::f32, dtype::bf16}) {
       const std::string what = "world " + std::to_string(world) + ", " + std::string(to_string(t));
-      auto o = options(world, t);
+      auto o = offload_options(world, t);
       const auto want = train<host_backend>(o);
       o.engine.offload.params = offload_tier::host;
       const auto got = train<host_backend>(o);
@@ -112,7 +99,7 @@ TEST_CASE(
   for (int world : {1, 3}) {
     for (dtype t : {dtype::f32, dtype::bf16}) {
       const std::string what = "world " + std::to_string(world) + ", " + std::string(to_string(t));
-      auto o = options(world, t);
+      auto o = offload_options(world, t);
       o.engine.offload.host_tile_numel = 32;
       o.engine.offload.host_staging_numel = 64;  // several rounds for the replicated parameters
       const auto want = train<param_tier_backend>(o);
@@ -183,15 +170,10 @@ TEST_CASE("parameter offload is refused by name with an Offloader that keeps sta
   null_comm comm(0, 1);
   engine_config cfg;
   cfg.offload.params = offload_tier::host;
-  bool thrown = false;
-  try {
-    engine<host_backend, null_comm> eng(backend, comm, toy::make_spec({}, id), cfg);
-  } catch (const error& e) {
-    thrown = true;
-    CHECK(e.kind() == error_kind::config);
-    CHECK(std::string(e.what()).find("offload_config.params = host") != std::string::npos);
-    CHECK(std::string(e.what()).find("host_adam") != std::string::npos);
-  }
-  CHECK(thrown);
+  const error e =
+      test_support::thrown_by([&] { engine<host_backend, null_comm> eng(backend, comm, toy::make_spec({}, id), cfg); });
+  CHECK(e.kind() == error_kind::config);
+  CHECK(std::string(e.what()).find("offload_config.params = host") != std::string::npos);
+  CHECK(std::string(e.what()).find("host_adam") != std::string::npos);
   CHECK(backend.ledger().total_current() == 0);  // nothing left allocated
 }

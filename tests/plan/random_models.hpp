@@ -18,6 +18,7 @@
 #include "zshard/plan/plan_result.hpp"
 #include "zshard/plan/schedule_builder.hpp"
 #include "zshard/prefetch/prefetcher.hpp"
+#include "../docs/neighbour_prefetcher.hpp"
 
 namespace plan_test {
 
@@ -26,30 +27,7 @@ using namespace zshard::plan;
 
 // Prefetchers the planner does not mirror (planned with prefetch_policy::any).
 // The neighbouring module in the direction of travel (docs/POLICIES.md's example).
-struct neighbour {
-  using zshard_tag = prefetcher_tag;
-  template <class, class>
-  using impl = neighbour;
-  void reset(const model_spec& spec, const std::vector<shard_layout>&, const prefetch_config&, const log_sink&) {
-    spec_ = &spec;
-    last_ = 0;
-  }
-  void on_scope_enter(module_id m, use_kind, std::vector<param_id>& ahead) {
-    const bool rising = m >= last_;
-    last_ = m;
-    if (rising && m + 1 < spec_->modules().size())
-      for (param_id p : spec_->module(m + 1).params) ahead.push_back(p);
-    if (!rising && m > 0)
-      for (param_id p : spec_->module(m - 1).params) ahead.push_back(p);
-  }
-  bool keep_after_scope(param_id) const { return false; }
-  void on_step() { last_ = 0; }
-
- private:
-  const model_spec* spec_ = nullptr;
-  module_id last_ = 0;
-};
-static_assert(check_prefetcher<neighbour>());
+using mine::neighbour;
 
 // The worst a Prefetcher can do to memory within the budget: asks for every parameter at every
 // scope (starting from a different one each time) and keeps all of them.

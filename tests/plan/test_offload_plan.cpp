@@ -65,6 +65,23 @@ void check_ledger_equal(const memory_ledger& run, const ledger_plan& plan, const
   CHECK(run.total_peak() == plan.total_peak);
 }
 
+// The host-optimizer plan of offload_model's schedule under cfg and its phantom run of six
+// steps; every step's device peaks are checked within the plan's, category by category.
+struct planned_run {
+  memory_plan plan;
+  phantom_result run;
+};
+planned_run plan_and_run(const offload_model& model, const engine_config& cfg, int world) {
+  const training_schedule schedule = model.schedule();
+  planned_run r{
+      plan_memory(model.spec, cfg, world, schedule,
+                  {.optimizer = optimizer_location::host, .initialization = false, .frozen_params_stay_frozen = true}),
+      run_phantom<host_policies>(model.spec, cfg, world, schedule, 6)};
+  for (const auto& s : r.run.steps)
+    for (std::size_t c = 0; c < mem_category_count; ++c) CHECK(s.peak(mem_category(c)) <= r.plan.device.peak[c]);
+  return r;
+}
+
 const tiers all_tiers[] = {{offload_tier::host, offload_tier::host},
                            {offload_tier::device, offload_tier::nvme},
                            {offload_tier::host, offload_tier::nvme}};
@@ -73,21 +90,14 @@ const tiers all_tiers[] = {{offload_tier::host, offload_tier::host},
 
 TEST_CASE("offload plan equals the phantom run to the byte: device, host and NVMe ledgers, bytes moved") {
   const offload_model model;
-  const training_schedule schedule = model.schedule();
   for (const tiers t : all_tiers) {
     for (int world : {1, 3, 8}) {
-      const engine_config cfg = config(100'000, t, "/nonexistent (phantom runs create no file)");
-      const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
-                                           {.optimizer = optimizer_location::host,
-                                            .initialization = false,
-                                            .frozen_params_stay_frozen = true});
-      const phantom_result run = run_phantom<host_policies>(model.spec, cfg, world, schedule, 6);
+      INFO(t.name() << ", world " << world);
+      const auto [plan, run] =
+          plan_and_run(model, config(100'000, t, "/nonexistent (phantom runs create no file)"), world);
       std::ostringstream table;
       print_plan(table, plan, &run.peak_step(), run.host ? &*run.host : nullptr, run.nvme ? &*run.nvme : nullptr);
-      INFO(t.name() << ", world " << world << "\n" << table.str());
-      memory_ledger device = run.after_construction;  // the whole run's peaks, category by category
-      for (const auto& s : run.steps)
-        for (std::size_t c = 0; c < mem_category_count; ++c) CHECK(s.peak(mem_category(c)) <= plan.device.peak[c]);
+      INFO(table.str());
       std::size_t peak = run.peak(), scratch = 0, gathered = 0, sharded = 0;
       for (const auto& s : run.steps) {
         scratch = std::max(scratch, s.peak(mem_category::scratch));
@@ -122,18 +132,10 @@ TEST_CASE("offload plan equals the phantom run to the byte: device, host and NVM
 
 TEST_CASE("offload plan bounds the phantom run when max_live_numel binds") {
   const offload_model model;
-  const training_schedule schedule = model.schedule();
   for (const tiers t : all_tiers) {
     for (int world : {1, 3}) {
       INFO(t.name() << ", world " << world);
-      const engine_config cfg = config(4'500, t, "/phantom");
-      const memory_plan plan = plan_memory(model.spec, cfg, world, schedule,
-                                           {.optimizer = optimizer_location::host,
-                                            .initialization = false,
-                                            .frozen_params_stay_frozen = true});
-      const phantom_result run = run_phantom<host_policies>(model.spec, cfg, world, schedule, 6);
-      for (const auto& s : run.steps)
-        for (std::size_t c = 0; c < mem_category_count; ++c) CHECK(s.peak(mem_category(c)) <= plan.device.peak[c]);
+      const auto [plan, run] = plan_and_run(model, config(4'500, t, "/phantom"), world);
       CHECK(run.peak() <= plan.device.total_peak);
       check_ledger_equal(*run.host, plan.host, "host");
     }

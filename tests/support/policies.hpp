@@ -1,10 +1,12 @@
 #pragma once
 // The default policies with some swapped, named once for every test: a test that trains with
 // the optimizer on the host says `test_support::host_offload_policies`, one with its own
-// Prefetcher `test_support::with_prefetcher<my_prefetcher>`.
+// Prefetcher `test_support::with_prefetcher<my_prefetcher>` (a policy of a class template:
+// test_support::family, impl_family.hpp).
 #include "zshard/engine/default_policies.hpp"
 #include "zshard/offload/host_adam.hpp"
 #include "zshard/prefetch/on_demand.hpp"
+#include "impl_family.hpp"
 
 namespace test_support {
 

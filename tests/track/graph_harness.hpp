@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../support/no_restrict_warning.hpp"
+#include "../support/impl_family.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
@@ -36,11 +37,7 @@ class counting_impl : public offload::on_device_impl<Backend, Comm> {
   std::vector<int> calls;
   std::vector<double> sums;
 };
-struct counting_offloader {
-  using zshard_tag = offloader_tag;
-  template <class Backend, class Comm>
-  using impl = counting_impl<Backend, Comm>;
-};
+using counting_offloader = test_support::family<offloader_tag, counting_impl>;
 
 template <class Tracker = track::use_counter, class Prefetcher = prefetch::trace>
 struct test_policies : default_policies {

@@ -25,11 +25,13 @@
 #include <cmath>
 #include <istream>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "zshard/core/read_number.hpp"
 #include "zshard/engine/engine_config.hpp"
 #include "zshard/model/model_spec.hpp"
 #include "zshard/plan/plan_result.hpp"
@@ -54,21 +56,41 @@ inline std::vector<std::string> words(const std::string& line) {
   return w;
 }
 
-inline bool scope_word(const std::string& w, scope_kind& k) {
-  if (w == "forward")
-    k = scope_kind::forward;
-  else if (w == "no_grad")
-    k = scope_kind::no_grad;
-  else if (w == "recompute")
-    k = scope_kind::recompute;
-  else if (w == "backward")
-    k = scope_kind::backward;
-  else
-    return false;
-  return true;
+// The file's words for scope kinds and dtypes are the names zshard prints (to_string): `out`
+// becomes the value among `values` named `w`, if any.
+template <class E, std::size_t N>
+bool named(const std::string& w, const E (&values)[N], E& out) {
+  for (E e : values)
+    if (w == to_string(e)) {
+      out = e;
+      return true;
+    }
+  return false;
 }
+inline constexpr scope_kind scope_kinds[] = {scope_kind::forward, scope_kind::no_grad, scope_kind::recompute,
+                                             scope_kind::backward};
+inline constexpr dtype dtypes[] = {dtype::bf16, dtype::f16, dtype::f32};
 
-inline const char* dtype_word(dtype t) { return t == dtype::bf16 ? "bf16" : t == dtype::f16 ? "f16" : "f32"; }
+// The engine settings the file holds as counts, by their word, in the order they are written:
+// one list for reading and writing.
+struct count_setting {
+  const char* word;
+  std::size_t& (*of)(engine_config&);
+};
+inline constexpr count_setting count_settings[] = {
+    {"max_live_numel", [](engine_config& c) -> std::size_t& { return c.prefetch.max_live_numel; }},
+    {"prefetch_numel", [](engine_config& c) -> std::size_t& { return c.prefetch.prefetch_numel; }},
+    {"max_reuse_distance", [](engine_config& c) -> std::size_t& { return c.prefetch.max_reuse_distance; }},
+    {"reduce_bucket_numel", [](engine_config& c) -> std::size_t& { return c.reduce.reduce_bucket_numel; }},
+    {"persistence_threshold_numel",
+     [](engine_config& c) -> std::size_t& { return c.partition.persistence_threshold_numel; }},
+    {"shard_alignment_numel", [](engine_config& c) -> std::size_t& { return c.partition.shard_alignment_numel; }},
+};
+inline const count_setting* count_setting_named(const std::string& w) {
+  for (const auto& s : count_settings)
+    if (w == s.word) return &s;
+  return nullptr;
+}
 
 }  // namespace detail
 
@@ -80,31 +102,13 @@ inline schedule_file read_schedule_file(std::istream& in, const std::string& sou
                 "see docs/schedule_format.md for the format");
   };
   auto count = [&](const std::string& v) -> std::size_t {
-    std::size_t used = 0;
-    double x = -1;
-    try {
-      x = std::stod(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != v.size() || !(x >= 0) || x > 9007199254740992.0 || x != std::floor(x))
-      fail("'" + v + "' is not a whole non-negative count");
-    return static_cast<std::size_t>(x);
+    const std::optional<std::size_t> n = read_count(v);
+    if (!n) fail("'" + v + "' is not a whole non-negative count");
+    return *n;
   };
   auto on_off = [&](const std::string& v) {
     if (v != "on" && v != "off") fail("expected on or off, not '" + v + "'");
     return v == "on";
-  };
-  auto type_of = [&](const std::string& v, dtype& t) {
-    if (v == "bf16")
-      t = dtype::bf16;
-    else if (v == "f16")
-      t = dtype::f16;
-    else if (v == "f32")
-      t = dtype::f32;
-    else
-      return false;
-    return true;
   };
   std::map<std::string, module_id> modules;
   std::map<std::string, param_id> params;
@@ -137,14 +141,15 @@ inline schedule_file read_schedule_file(std::istream& in, const std::string& sou
         need(1);
         for (int i = 1; i < copies; ++i) f.schedule.cycle.push_back(f.schedule.cycle.back());
         step = nullptr;
-      } else if (detail::scope_word(k, sk)) {
+      } else if (detail::named(k, detail::scope_kinds, sk)) {
         need(2);
         const module_id m = module_named(w[1]);
         step->events.push_back(schedule_event::open(m, sk));
         step->events.push_back(schedule_event::close(m, sk));
       } else if (k == "open" || k == "close") {
         need(3);
-        if (!detail::scope_word(w[1], sk)) fail("expected forward, no_grad, recompute or backward, not '" + w[1] + "'");
+        if (!detail::named(w[1], detail::scope_kinds, sk))
+          fail("expected forward, no_grad, recompute or backward, not '" + w[1] + "'");
         const module_id m = module_named(w[2]);
         step->events.push_back(k == "open" ? schedule_event::open(m, sk) : schedule_event::close(m, sk));
       } else if (k == "begin_backward" || k == "end_backward") {
@@ -174,19 +179,9 @@ inline schedule_file read_schedule_file(std::istream& in, const std::string& sou
       f.world = int(n);
     } else if (k == "param_dtype") {
       need(2);
-      if (!type_of(w[1], f.cfg.param_dtype)) fail("param_dtype takes bf16, f16 or f32");
-    } else if (k == "max_live_numel") {
-      need(2), f.cfg.prefetch.max_live_numel = count(w[1]);
-    } else if (k == "prefetch_numel") {
-      need(2), f.cfg.prefetch.prefetch_numel = count(w[1]);
-    } else if (k == "max_reuse_distance") {
-      need(2), f.cfg.prefetch.max_reuse_distance = count(w[1]);
-    } else if (k == "reduce_bucket_numel") {
-      need(2), f.cfg.reduce.reduce_bucket_numel = count(w[1]);
-    } else if (k == "persistence_threshold_numel") {
-      need(2), f.cfg.partition.persistence_threshold_numel = count(w[1]);
-    } else if (k == "shard_alignment_numel") {
-      need(2), f.cfg.partition.shard_alignment_numel = count(w[1]);
+      if (!detail::named(w[1], detail::dtypes, f.cfg.param_dtype)) fail("param_dtype takes bf16, f16 or f32");
+    } else if (const detail::count_setting* s = detail::count_setting_named(k)) {
+      need(2), s->of(f.cfg) = count(w[1]);
     } else if (k == "allow_oversized_module") {
       need(2), f.cfg.prefetch.allow_oversized_module = on_off(w[1]);
     } else if (k == "optimizer") {
@@ -207,7 +202,7 @@ inline schedule_file read_schedule_file(std::istream& in, const std::string& sou
       param_options o;
       for (std::size_t i = 3; i < w.size(); ++i) {
         dtype t{};
-        if (type_of(w[i], t))
+        if (detail::named(w[i], detail::dtypes, t))
           o.type = t;
         else if (w[i] == "frozen")
           o.trainable = false;
@@ -276,17 +271,15 @@ inline void write_schedule_file(std::ostream& os, const model_spec& spec, const 
   for (const auto& p : spec.params()) plain(p.name);
   for (const auto& m : spec.modules()) plain(m.name);
   os << "zshard-schedule 1\n# written by zshard::plan::write_schedule_file\n";
-  os << "world " << world << "\nparam_dtype " << detail::dtype_word(cfg.param_dtype) << "\nmax_live_numel "
-     << cfg.prefetch.max_live_numel << "\nprefetch_numel " << cfg.prefetch.prefetch_numel << "\nmax_reuse_distance "
-     << cfg.prefetch.max_reuse_distance << "\nreduce_bucket_numel " << cfg.reduce.reduce_bucket_numel
-     << "\npersistence_threshold_numel " << cfg.partition.persistence_threshold_numel << "\nshard_alignment_numel "
-     << cfg.partition.shard_alignment_numel << "\nallow_oversized_module "
-     << (cfg.prefetch.allow_oversized_module ? "on" : "off") << "\noptimizer "
+  os << "world " << world << "\nparam_dtype " << to_string(cfg.param_dtype) << '\n';
+  engine_config settings = cfg;  // count_settings reach the fields through a non-const config
+  for (const auto& s : detail::count_settings) os << s.word << ' ' << s.of(settings) << '\n';
+  os << "allow_oversized_module " << (cfg.prefetch.allow_oversized_module ? "on" : "off") << "\noptimizer "
      << (optimizer == optimizer_location::host ? "host" : "device") << "\n\n";
   for (const auto& p : spec.params()) {
     os << "param " << p.name << ' ';
     for (int i = 0; i < p.shape.rank(); ++i) os << (i ? "x" : "") << p.shape[i];
-    if (p.type) os << ' ' << detail::dtype_word(*p.type);
+    if (p.type) os << ' ' << to_string(*p.type);
     if (!p.trainable) os << " frozen";
     if (!p.decay) os << " no_decay";
     os << '\n';

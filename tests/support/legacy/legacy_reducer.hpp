@@ -13,6 +13,7 @@
 
 #include "zshard/comm/communicator.hpp"
 #include "zshard/reduce/reducer.hpp"
+#include "../impl_family.hpp"
 
 namespace legacy {
 
@@ -98,10 +99,6 @@ class copying_reducer {
   std::vector<buffer<Backend>> copies_;
 };
 
-struct copy_bucket {
-  using zshard_tag = reducer_tag;
-  template <class Backend, class Comm>
-  using impl = copying_reducer<Backend, Comm>;
-};
+using copy_bucket = test_support::family<zshard::reducer_tag, copying_reducer>;
 
 }  // namespace legacy
