@@ -6,7 +6,8 @@
 // with activation checkpointing, a no-grad pass each step and a tied weight; also through the
 // device (staging) path, where replicated parameters stay on the device; the ledgers hold what
 // the tiers say; the upload buffers are gone once a gather group is issued; an Offloader that
-// cannot keep shards is refused by name.
+// cannot keep shards is refused by name; freezing, rewriting and unfreezing an offloaded
+// parameter trains as without offload (unfreezing once read the shard from device memory).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "../engine/equivalence_check.hpp"
+#include "../engine/feature_training.hpp"
 #include "../engine/hybrid_training.hpp"
 #include "../support/error_capture.hpp"
 #include "../support/policies.hpp"
@@ -176,4 +178,56 @@ TEST_CASE("parameter offload is refused by name with an Offloader that keeps sta
   CHECK(std::string(e.what()).find("offload_config.params = host") != std::string::npos);
   CHECK(std::string(e.what()).find("host_adam") != std::string::npos);
   CHECK(backend.ledger().total_current() == 0);  // nothing left allocated
+}
+
+namespace {
+
+// Training in which the first sharded parameter is frozen for step 1 (its working value also
+// rewritten then, so that unfreezing reads it back to refresh the master) and unfrozen for
+// step 2: unfreezing reads the working shard wherever it lives, host memory when offloaded.
+template <class Backend>
+toy::train_result train_with_pause(const toy::train_options& o) {
+  toy::train_result result;
+  std::mutex mu;
+  zshard::run_ranks(o.world, [&](zshard::thread_comm& comm) {
+    Backend backend;
+    toy::ids id;
+    zshard::engine<Backend, zshard::thread_comm, param_tier_policies> eng(backend, comm, toy::make_spec(o.model, id),
+                                                                          o.engine);
+    param_id paused = 0;
+    while (eng.layout(paused).replicated) ++paused;
+    int calls = 0;
+    toy::train_rank(
+        eng, comm.rank(), o,
+        [&](const toy::batch& b, bool) {
+          if (calls == o.micro_batches) {  // before step 1
+            eng.set_trainable(paused, false);
+            std::vector<float> halved = eng.gather_param(paused);
+            for (float& x : halved) x *= 0.5f;
+            eng.write_param(paused, halved, /*writer=*/0);
+          }
+          if (calls == 2 * o.micro_batches) eng.set_trainable(paused, true);  // before step 2
+          ++calls;
+          feat::run_micro_batch(eng, o.model, id, b);  // no gradient for the frozen parameter
+        },
+        mu, result);
+  });
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("parameter offload: freezing, rewriting and unfreezing a parameter whose shard lives in host memory "
+          "trains bit for bit like no offload") {
+  for (int world : {1, 3}) {
+    auto o = offload_options(world, dtype::bf16);
+    o.steps = 4;
+    const auto want = train_with_pause<param_tier_backend>(o);
+    o.engine.offload.params = offload_tier::host;
+    check_bitwise(train_with_pause<param_tier_backend>(o), want, "device-like backend, world " + std::to_string(world));
+    const auto want_host = train_with_pause<host_backend>(offload_options(world, dtype::bf16));
+    auto oh = offload_options(world, dtype::bf16);
+    oh.engine.offload.params = offload_tier::host;
+    check_bitwise(train_with_pause<host_backend>(oh), want_host, "host backend, world " + std::to_string(world));
+  }
 }
