@@ -1,14 +1,12 @@
-// Per-parameter AdamW update counts in checkpoints (format version 2 and later). A parameter without a
-// gradient in a step is not updated and its count (its bias correction) lags the engine's
-// step; a resumed run must continue each parameter from its own count. The model: `a` has a
-// gradient every step, `b` none in steps 1 and 2 (2 elements: at world 3 rank 2 holds none of
-// it), `c` none before step 4 (its module also holds a frozen parameter). Saved after 3 steps
-// and continued to 7, on 1, 2 and 3 thread ranks, resharded 2 -> 3 and 3 -> 2, with both
-// Offloaders, the result equals 7 uninterrupted steps bit for bit. Each rank adds the same
-// gradient, a small multiple of 1/16, so the average over ranks is exact and every world size
-// trains the same bits: resharded runs compare bitwise too. A format 1 manifest (no counts)
-// still loads, says so in the log, and is then inexact on this model (which shows the test
-// can fail); damaged counts are refused, naming the manifest, the engine untouched.
+// Per-parameter AdamW update counts in checkpoints (format 2 and later): a parameter without a
+// gradient in a step is not updated, its count (bias correction) lags the step, and a resumed run
+// continues each from its own. Model: `a` has a gradient every step, `b` none in steps 1-2 (2
+// elements: at world 3 rank 2 holds none), `c` none before step 4 (its module also holds a frozen
+// parameter). Saved after 3 steps, continued to 7 on 1-3 thread ranks, resharded 2 <-> 3, both
+// Offloaders: bit for bit the 7 uninterrupted steps (each rank adds the same gradient, a multiple
+// of 1/16, so every world size trains the same bits). A format 1 manifest loads, with a note, and
+// is inexact here (the test can fail); damaged counts are refused. Frozen parameters' kept state
+// (format 4): saved, restored or created, bit for bit; lost in formats 1-3: refused unless allowed.
 #include <doctest/doctest.h>
 
 #include <cstring>
