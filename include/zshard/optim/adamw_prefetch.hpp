@@ -4,14 +4,16 @@
 // it is set, else from the CPU's vendor. The prefetch changes when a cache line arrives, never
 // a value: every setting gives bitwise the same results (tests/offload/test_adamw_kernels.cpp).
 //
-// Why by vendor (bench/host_adam runs the kernel with 2 KiB and with this setting side by
-// side; figures with CPU models in bench/NOTES.md):
-//  - Intel Xeon (tuned on one, re-measured on a Sapphire-Rapids-class KVM guest): 2 KiB ahead
-//    takes the memory-bound kernel from 0.78-0.84 to 0.99-1.01 of the same-bytes ceiling and
-//    level with DeepSpeed's; in cache it makes no difference.
-//  - AMD EPYC: the same 2 KiB costs 14-25 % memory-bound, and without it the kernel runs at
-//    0.96-1.01 of the ceiling and level with DeepSpeed's (its hardware prefetchers keep the
-//    streams busy; the software prefetches only take load slots).
+// Why by vendor (bench/host_adam runs the kernel with the prefetch off, with 2 KiB and with
+// this setting side by side; figures with CPU models in bench/NOTES.md):
+//  - Intel Xeon (2-core KVM guest with AVX-512 BF16 and AMX, 2026-12-05): 2 KiB ahead takes the
+//    memory-bound kernel (8M and 128M parameters, 1 and 2 threads) from 0.86-0.90 to 0.96-1.06
+//    of the same-bytes ceiling; in cache (512K parameters) it makes no difference, and 512 B
+//    to 8 KiB measured no better than 2 KiB.
+//  - AMD EPYC (2-core KVM guest, issue 27): the same 2 KiB costs 14-25 % memory-bound, and
+//    without it the kernel runs at 0.96-1.01 of the ceiling and 0.95-1.03 of DeepSpeed's
+//    (presumably its hardware prefetchers keep the streams busy unaided, and the software
+//    prefetches only take load slots).
 //  - Other or unknown CPUs: off (what the hardware prefetcher does unaided is the safe guess).
 // Why not a run-time calibration: the case that matters is memory-bound, which needs a buffer
 // several times the last-level cache (hundreds of MB on current servers: tens of ms just to
