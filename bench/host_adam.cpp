@@ -24,12 +24,14 @@
 // vs_ceiling = GB/s / the GB/s of the ceiling with the same bytes (28: ceil_f32, else ceiling)
 // at the same n and threads.
 //
-// Key figures, each the worst (minimum) over all (n, threads) configurations:
+// Key figures (after cpu_model: /proc/cpuinfo's model name), each the worst (minimum) over all
+// (n, threads) configurations:
 //   adam_vs_f32_ceiling       ceil_f32 time / adam_f32 time          (target >= 0.95)
 //   adam_vs_bf16_ceiling      ceiling time / fused time              (was adam_vs_ceiling)
 //   pf0_vs_f32_ceiling        ceil_f32 time / f32_pf0 time           (prefetch off)
 //   pf2k_vs_f32_ceiling       ceil_f32 time / f32_pf2k time          (before: 2 KiB everywhere)
-//   adam_vs_deepspeed         ref time / ours, f32 and bf16 alike    (target >= 1.0)
+//   adam_vs_deepspeed         ref time / ours, f32 and bf16 alike    (target >= 1.0; was
+//                             adam_vs_reference_kernel)
 //   fused_vs_unfused          unfused time / fused time              (34 vs 30 bytes)
 //   adam_vs_scalar            scalar time / fused time
 //
@@ -334,7 +336,8 @@ int main(int argc, char** argv) {
   const std::string cpu = cpu_model();
   std::printf("host AdamW, bf16 write-back; CPU: %s; vector path %s; %u hardware threads; prefetch %zu bytes%s\n",
               cpu.c_str(), std::string(to_string(optim::best_path())).c_str(), std::thread::hardware_concurrency(),
-              optim::adamw_prefetch_bytes(), std::getenv("ZSHARD_ADAMW_PREFETCH") ? " (ZSHARD_ADAMW_PREFETCH)" : " (default)");
+              optim::adamw_prefetch_bytes(),
+              std::getenv("ZSHARD_ADAMW_PREFETCH") ? " (ZSHARD_ADAMW_PREFETCH)" : " (default for this CPU)");
   std::vector<row> rows;
   for (std::size_t n : sizes)
     for (int threads : thread_counts)
@@ -342,7 +345,8 @@ int main(int argc, char** argv) {
 
   std::printf("%10s %7s %-8s %11s %9s %10s %8s %10s\n", "params", "threads", "kernel", "bytes/param", "time_ms",
               "Mparams/s", "GB/s", "vs_ceiling");
-  double worst_f32 = 1e9, worst_pf0 = 1e9, worst_pf2k = 1e9, worst_bf16 = 1e9, worst_ref = 1e9, worst_unfused = 1e9, worst_scalar = 1e9;
+  double worst_f32 = 1e9, worst_pf0 = 1e9, worst_pf2k = 1e9, worst_bf16 = 1e9, worst_ref = 1e9;
+  double worst_unfused = 1e9, worst_scalar = 1e9;
   for (std::size_t n : sizes) {
     for (int threads : thread_counts) {
       const row& ceil30 = find(rows, n, threads, "ceiling");
@@ -359,8 +363,10 @@ int main(int argc, char** argv) {
       const row& f32 = find(rows, n, threads, "adam_f32");
       worst_f32 = std::min(worst_f32, ceil28.seconds / f32.seconds);  // same bytes: a ratio of times
       worst_bf16 = std::min(worst_bf16, ceil30.seconds / fused.seconds);
-      if (const row* r = lookup(rows, n, threads, "f32_pf0")) worst_pf0 = std::min(worst_pf0, ceil28.seconds / r->seconds);
-      if (const row* r = lookup(rows, n, threads, "f32_pf2k")) worst_pf2k = std::min(worst_pf2k, ceil28.seconds / r->seconds);
+      if (const row* r = lookup(rows, n, threads, "f32_pf0"))
+        worst_pf0 = std::min(worst_pf0, ceil28.seconds / r->seconds);
+      if (const row* r = lookup(rows, n, threads, "f32_pf2k"))
+        worst_pf2k = std::min(worst_pf2k, ceil28.seconds / r->seconds);
       if (const row* r = lookup(rows, n, threads, "ref_f32")) worst_ref = std::min(worst_ref, r->seconds / f32.seconds);
       if (const row* r = lookup(rows, n, threads, "ref_bf16")) worst_ref = std::min(worst_ref, r->seconds / fused.seconds);
       worst_unfused = std::min(worst_unfused, find(rows, n, threads, "unfused").seconds / fused.seconds);

@@ -37,7 +37,8 @@ void adamw_on(simd_path path, const adamw_step& s, float* master, float* m, floa
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
   switch (path) {
     case simd_path::avx512_bf16:
-      if constexpr (std::is_same_v<W, bf16>) return avx512::adamw_update_bf16_native(s, master, m, v, grad, n, out, prefetch_bytes);
+      if constexpr (std::is_same_v<W, bf16>)
+        return avx512::adamw_update_bf16_native(s, master, m, v, grad, n, out, prefetch_bytes);
       [[fallthrough]];
     case simd_path::avx512:
       return avx512::adamw_update(s, master, m, v, grad, n, out, prefetch_bytes);
@@ -115,7 +116,10 @@ class host_adamw {
 
   explicit host_adamw(int threads = 0, simd_path path = simd_path::automatic,
                       std::size_t tile_numel = default_tile_numel, std::size_t prefetch_bytes = adamw_prefetch_bytes())
-      : path_(resolve(path)), tile_(checked_tile(tile_numel)), prefetch_(checked_prefetch(prefetch_bytes)), pool_(threads) {}
+      : path_(resolve(path)),
+        tile_(checked_tile(tile_numel)),
+        prefetch_(checked_prefetch(prefetch_bytes)),
+        pool_(threads) {}
 
   // adamw_update_scalar's contract, over every thread of the pool.
   void update(const adamw_step& s, float* master, float* m, float* v, const float* grad, std::size_t n,

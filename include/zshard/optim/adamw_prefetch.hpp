@@ -51,7 +51,7 @@ inline std::size_t parse_prefetch_bytes(const char* text) {
   ZSHARD_REQUIRE(bytes && *bytes <= max_prefetch_bytes, error_kind::config,
                  std::string("ZSHARD_ADAMW_PREFETCH='") + text + "' is not a whole number of bytes from 0 to " +
                      std::to_string(max_prefetch_bytes),
-                 "set it to 0 (no software prefetch) or to a distance such as 2048, or unset it for this CPU's default");
+                 "set it to 0 (no software prefetch) or a distance such as 2048, or unset it for the CPU's default");
   return *bytes;
 }
 
