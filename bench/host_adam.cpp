@@ -4,7 +4,10 @@
 // Every kernel runs over n parameters with 1 and 2 threads (the persistent worker pool, tiles
 // of 64K elements), in one run; times are the best of several interleaved rounds after a warm-up.
 //   adam_f32  AdamW alone, the widest path this CPU runs: reads p, g, m, v; writes p, m, v
-//             = 28 bytes/param
+//             = 28 bytes/param; with this process's prefetch setting (adamw_prefetch.hpp:
+//             ZSHARD_ADAMW_PREFETCH, else by CPU vendor: 2 KiB on Intel, off elsewhere)
+//   f32_pf0   the same kernel with the software prefetch off     } AVX-512 CPUs only: every
+//   f32_pf2k  the same with 2 KiB, what it had on every CPU before } choice side by side
 //   ceil_f32  moves exactly those 28 bytes with no arithmetic (loads p, g, m, v; stores p, m, v
 //             unchanged), same vector width, tiles and threads: the f32 limit
 //   ref_f32   reference_adam.hpp: a DeepSpeed-style AVX-512 kernel (8 vectors per iteration,
@@ -21,20 +24,29 @@
 // vs_ceiling = GB/s / the GB/s of the ceiling with the same bytes (28: ceil_f32, else ceiling)
 // at the same n and threads.
 //
-// Key figures, each the worst (minimum) over all (n, threads) configurations:
+// Key figures (after cpu_model: /proc/cpuinfo's model name), each the worst (minimum) over all
+// (n, threads) configurations:
 //   adam_vs_f32_ceiling       ceil_f32 time / adam_f32 time          (target >= 0.95)
 //   adam_vs_bf16_ceiling      ceiling time / fused time              (was adam_vs_ceiling)
-//   adam_vs_reference_kernel  ref time / ours, f32 and bf16 alike    (target >= 1.0)
+//   pf0_vs_f32_ceiling        ceil_f32 time / f32_pf0 time           (prefetch off)
+//   pf2k_vs_f32_ceiling       ceil_f32 time / f32_pf2k time          (before: 2 KiB everywhere)
+//   adam_vs_deepspeed         ref time / ours, f32 and bf16 alike    (target >= 1.0; was
+//                             adam_vs_reference_kernel)
 //   fused_vs_unfused          unfused time / fused time              (34 vs 30 bytes)
 //   adam_vs_scalar            scalar time / fused time
 //
-// Usage: host_adam [--quick]     (--quick: 8M parameters only, fewer repeats)
+// Sizes: 512K parameters (14 MB of state: in the last-level cache of current servers), 8M
+// (224 MB) and 128M (3.6 GB: memory-bound everywhere). The CPU model (/proc/cpuinfo) is printed
+// above the table, since every figure is a property of that CPU.
+//
+// Usage: host_adam [--quick]     (--quick: 512K and 8M parameters only, fewer repeats)
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <string>
@@ -160,6 +172,19 @@ void same_bytes(optim::simd_path path, float* p, const float* g, float* m, float
   }
 }
 
+// The "model name" line of /proc/cpuinfo (the first CPU's), or "unknown CPU".
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const std::size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const std::size_t start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? std::string("unknown CPU") : line.substr(start);
+  }
+  return "unknown CPU";
+}
+
 // ---- measurement ---------------------------------------------------------------------------------
 struct row {
   std::size_t n;
@@ -179,9 +204,15 @@ struct timed_kernel {
   double best = std::numeric_limits<double>::infinity();
 };
 
+// Each round starts one kernel further along the list, so every kernel follows each of the
+// others in turn: what the previous kernel left in the cache (8M parameters' 224 MB fit in some
+// servers' last-level cache) favours none of them (in a fixed order two runs of the same
+// kernel measured 15 % apart).
 void time_interleaved(std::vector<timed_kernel>& kernels, int rounds) {
+  const std::size_t count = kernels.size();
   for (int it = -1; it < rounds; ++it) {
-    for (auto& k : kernels) {
+    for (std::size_t j = 0; j < count; ++j) {
+      auto& k = kernels[(j + std::size_t(it + 1)) % count];
       const auto t0 = clock_type::now();
       k.run();
       const double t = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -226,6 +257,18 @@ void measure(std::size_t n, int threads, int reps, std::vector<row>& rows) {
                      }});
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   const bool with_reference = optim::path_supported(optim::simd_path::avx512);
+  // host_adamw::update with a forced distance, on the same pool and tiles as adam_f32.
+  auto adam_with_prefetch = [&](std::size_t bytes) {
+    const optim::adamw_step st = next_step();
+    over_tiles(best.pool(), n, tile, [&](std::size_t b, std::size_t len) {
+      optim::adamw_update_on(best.path(), st, p.data + b, m.data + b, v.data + b, g.data + b, len, nullptr,
+                             dtype::bf16, bytes);
+    });
+  };
+  if (with_reference) {
+    kernels.push_back({"f32_pf0", 28, [&] { adam_with_prefetch(0); }});
+    kernels.push_back({"f32_pf2k", 28, [&] { adam_with_prefetch(optim::intel_tuned_prefetch_bytes); }});
+  }
   auto reference = [&](std::uint16_t* o) {
     const reference_adam::constants c(next_step());
     over_tiles(best.pool(), n, tile, [&](std::size_t b, std::size_t len) {
@@ -286,19 +329,24 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const std::vector<std::size_t> sizes =
-      quick ? std::vector<std::size_t>{std::size_t{8} << 20} : std::vector<std::size_t>{std::size_t{8} << 20, std::size_t{128} << 20};
+  std::vector<std::size_t> sizes = {std::size_t{512} << 10, std::size_t{8} << 20};
+  if (!quick) sizes.push_back(std::size_t{128} << 20);
   const std::vector<int> thread_counts = {1, 2};
 
-  std::printf("host AdamW, bf16 write-back; vector path %s; %u hardware threads\n",
-              std::string(to_string(optim::best_path())).c_str(), std::thread::hardware_concurrency());
+  const std::string cpu = cpu_model();
+  std::printf("host AdamW, bf16 write-back; CPU: %s; vector path %s; %u hardware threads; prefetch %zu bytes%s\n",
+              cpu.c_str(), std::string(to_string(optim::best_path())).c_str(), std::thread::hardware_concurrency(),
+              optim::adamw_prefetch_bytes(),
+              std::getenv("ZSHARD_ADAMW_PREFETCH") ? " (ZSHARD_ADAMW_PREFETCH)" : " (default for this CPU)");
   std::vector<row> rows;
   for (std::size_t n : sizes)
-    for (int threads : thread_counts) measure(n, threads, n > (std::size_t{16} << 20) ? 6 : (quick ? 5 : 15), rows);
+    for (int threads : thread_counts)
+      measure(n, threads, n > (std::size_t{16} << 20) ? 6 : n < (std::size_t{1} << 20) ? 60 : (quick ? 5 : 15), rows);
 
   std::printf("%10s %7s %-8s %11s %9s %10s %8s %10s\n", "params", "threads", "kernel", "bytes/param", "time_ms",
               "Mparams/s", "GB/s", "vs_ceiling");
-  double worst_f32 = 1e9, worst_bf16 = 1e9, worst_ref = 1e9, worst_unfused = 1e9, worst_scalar = 1e9;
+  double worst_f32 = 1e9, worst_pf0 = 1e9, worst_pf2k = 1e9, worst_bf16 = 1e9, worst_ref = 1e9;
+  double worst_unfused = 1e9, worst_scalar = 1e9;
   for (std::size_t n : sizes) {
     for (int threads : thread_counts) {
       const row& ceil30 = find(rows, n, threads, "ceiling");
@@ -315,19 +363,27 @@ int main(int argc, char** argv) {
       const row& f32 = find(rows, n, threads, "adam_f32");
       worst_f32 = std::min(worst_f32, ceil28.seconds / f32.seconds);  // same bytes: a ratio of times
       worst_bf16 = std::min(worst_bf16, ceil30.seconds / fused.seconds);
+      if (const row* r = lookup(rows, n, threads, "f32_pf0"))
+        worst_pf0 = std::min(worst_pf0, ceil28.seconds / r->seconds);
+      if (const row* r = lookup(rows, n, threads, "f32_pf2k"))
+        worst_pf2k = std::min(worst_pf2k, ceil28.seconds / r->seconds);
       if (const row* r = lookup(rows, n, threads, "ref_f32")) worst_ref = std::min(worst_ref, r->seconds / f32.seconds);
       if (const row* r = lookup(rows, n, threads, "ref_bf16")) worst_ref = std::min(worst_ref, r->seconds / fused.seconds);
       worst_unfused = std::min(worst_unfused, find(rows, n, threads, "unfused").seconds / fused.seconds);
       worst_scalar = std::min(worst_scalar, find(rows, n, threads, "scalar").seconds / fused.seconds);
     }
   }
-  std::printf("adam_vs_f32_ceiling: %.3f\n", worst_f32);
+  // The key figures, the two of issue 27 last.
+  std::printf("cpu_model: %s\n", cpu.c_str());
   std::printf("adam_vs_bf16_ceiling: %.3f\n", worst_bf16);
-  if (worst_ref < 1e9)
-    std::printf("adam_vs_reference_kernel: %.3f\n", worst_ref);
-  else
-    std::printf("adam_vs_reference_kernel: n/a (no AVX-512 on this CPU)\n");
   std::printf("fused_vs_unfused: %.3f\n", worst_unfused);
   std::printf("adam_vs_scalar: %.3f\n", worst_scalar);
+  if (worst_pf0 < 1e9) std::printf("pf0_vs_f32_ceiling: %.3f\n", worst_pf0);
+  if (worst_pf2k < 1e9) std::printf("pf2k_vs_f32_ceiling: %.3f\n", worst_pf2k);
+  std::printf("adam_vs_f32_ceiling: %.3f\n", worst_f32);
+  if (worst_ref < 1e9)
+    std::printf("adam_vs_deepspeed: %.3f\n", worst_ref);
+  else
+    std::printf("adam_vs_deepspeed: n/a (no AVX-512 on this CPU)\n");
   return 0;
 }

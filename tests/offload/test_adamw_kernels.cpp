@@ -343,3 +343,78 @@ TEST_CASE("host AdamW: the division by sqrt(bias_correction2) is exact on every 
     }
   }
 }
+
+TEST_CASE("host AdamW: every software prefetch distance gives bitwise the same results, every path and dtype") {
+  // The prefetch (adamw_prefetch.hpp) may change only the speed: master, m, v and the working
+  // copy after three steps equal those with no prefetch, bit for bit, including at the ends of
+  // the arrays, where the prefetched addresses lie past the end.
+  std::mt19937 rng(11);
+  for (simd_path path : runnable_paths())
+    for (dtype w : {dtype::f32, dtype::bf16, dtype::f16})
+      for (bool write_back : {true, false}) {
+        if (!write_back && w != dtype::f32) continue;
+        for (std::size_t n : {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{1037},
+                              std::size_t{10007}}) {
+          const auto grad = random_grads(rng, n);
+          auto run = [&](std::size_t prefetch) {
+            state s{std::vector<float>(n, 0.5f), std::vector<float>(n, 0.01f), std::vector<float>(n, 0.02f), {}};
+            if (write_back) s.out.bytes.assign(n * size_of(w), 0);
+            for (int t = 1; t <= 3; ++t)
+              adamw_update_on(path, make_adamw_step(adamw_config{}, t, 0.5f, t != 2), s.p.data(), s.m.data(),
+                              s.v.data(), grad.data(), n, s.out.data(), w, prefetch);
+            return s;
+          };
+          const state off = run(0);
+          for (std::size_t prefetch : {std::size_t{64}, std::size_t{512}, intel_tuned_prefetch_bytes,
+                                       max_prefetch_bytes, adamw_prefetch_bytes()}) {
+            CAPTURE(to_string(path));
+            CAPTURE(to_string(w));
+            CAPTURE(n);
+            CAPTURE(prefetch);
+            const state on = run(prefetch);
+            CHECK(std::memcmp(on.p.data(), off.p.data(), n * sizeof(float)) == 0);
+            CHECK(std::memcmp(on.m.data(), off.m.data(), n * sizeof(float)) == 0);
+            CHECK(std::memcmp(on.v.data(), off.v.data(), n * sizeof(float)) == 0);
+            CHECK(on.out.bytes == off.out.bytes);
+          }
+        }
+      }
+  // And through the threaded driver, which passes its own distance to every tile.
+  constexpr std::size_t n = 5000;
+  const auto grad = random_grads(rng, n);
+  std::vector<std::vector<float>> p(2, std::vector<float>(n, 0.25f)), m(2, std::vector<float>(n, 0.0f)),
+      v(2, std::vector<float>(n, 0.0f));
+  std::vector<std::vector<bf16>> out(2, std::vector<bf16>(n));
+  host_adamw off(2, simd_path::automatic, 64, 0), on(2, simd_path::automatic, 64, intel_tuned_prefetch_bytes);
+  CHECK(off.prefetch_bytes() == 0);
+  CHECK(on.prefetch_bytes() == intel_tuned_prefetch_bytes);
+  for (int t = 1; t <= 3; ++t) {
+    const adamw_step st = make_adamw_step(adamw_config{}, t, 1.0f, true);
+    off.update(st, p[0].data(), m[0].data(), v[0].data(), grad.data(), n, out[0].data(), dtype::bf16);
+    on.update(st, p[1].data(), m[1].data(), v[1].data(), grad.data(), n, out[1].data(), dtype::bf16);
+  }
+  CHECK(std::memcmp(p[0].data(), p[1].data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(m[0].data(), m[1].data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(v[0].data(), v[1].data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(out[0].data(), out[1].data(), n * sizeof(bf16)) == 0);
+}
+
+TEST_CASE("host AdamW: ZSHARD_ADAMW_PREFETCH's values, and bad ones refused with a config error") {
+  CHECK(parse_prefetch_bytes(nullptr) == default_prefetch_bytes());
+  CHECK(parse_prefetch_bytes("") == default_prefetch_bytes());
+  CHECK((default_prefetch_bytes() == 0 || default_prefetch_bytes() == intel_tuned_prefetch_bytes));
+  CHECK(parse_prefetch_bytes("0") == 0);
+  CHECK(parse_prefetch_bytes("4096") == 4096);
+  CHECK(parse_prefetch_bytes("65536") == max_prefetch_bytes);
+  for (const char* bad : {"-64", "2k", "1.5", "65537", "off", "1e9"}) {
+    CAPTURE(bad);
+    try {
+      (void)parse_prefetch_bytes(bad);
+      FAIL("a malformed ZSHARD_ADAMW_PREFETCH was accepted");
+    } catch (const error& e) {
+      CHECK(e.kind() == error_kind::config);
+      CHECK(std::string(e.what()).find(std::string("'") + bad + "'") != std::string::npos);  // names the value
+    }
+  }
+  CHECK_THROWS_AS(host_adamw(1, simd_path::scalar, 64, max_prefetch_bytes + 1), error);
+}

@@ -110,7 +110,7 @@ class host_backend {
   }
   void adamw(const optim::adamw_step& step, float* master, float* m, float* v, const float* grad, std::size_t n,
              void* working_out, dtype working_type, stream&) noexcept {
-    optim::adamw_update_on(adamw_path_, step, master, m, v, grad, n, working_out, working_type);
+    optim::adamw_update_on(adamw_path_, step, master, m, v, grad, n, working_out, working_type, adamw_prefetch_);
   }
   optim::simd_path adamw_path() const noexcept { return adamw_path_; }
 
@@ -125,6 +125,7 @@ class host_backend {
   memory_ledger ledger_;
   host_block_cache cache_;
   optim::simd_path adamw_path_ = exact_path();
+  std::size_t adamw_prefetch_ = optim::adamw_prefetch_bytes();  // read here: a bad setting throws at construction
 };
 
 static_assert(check_backend<host_backend>());

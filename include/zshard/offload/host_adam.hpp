@@ -102,6 +102,7 @@ class host_adam_impl : private host_layout<Backend> {
         own_memory_("host (offloaded optimizer state)", oc_.host_budget_bytes, holds_storage),
         memory_(pick_memory()),
         path_(optim::resolve(oc_.host_path)),
+        prefetch_(optim::adamw_prefetch_bytes()),
         landing_(*this, store.backend(), pool_),
         pool_(holds_storage ? oc_.host_threads : 1) {
     if (oc_.params == offload_tier::host) tier_.emplace(store, memory_);  // parameter offload (param_tier.hpp)
@@ -448,6 +449,7 @@ class host_adam_impl : private host_layout<Backend> {
   host_memory own_memory_;  // unused when the state is in the backend's page-locked memory
   memory_holder memory_;
   const optim::simd_path path_;
+  const std::size_t prefetch_;  // the kernel's prefetch distance (adamw_prefetch.hpp), read once
   std::vector<grad_stats> tile_stats_;  // per tile, of the accumulated gradient
   std::vector<optim::adamw_step> steps_;  // [decay], or per (group, decay) slot with groups_
   const optim::param_groups* groups_ = nullptr;  // of the update running

@@ -87,7 +87,7 @@ class host_adam_step {
       return;
     }
     optim::adamw_update_on(o.path_, step_for(o, t.p), s.master + at, s.m + at, s.v + at, impl::f32(o.grad_) + t.offset,
-                           t.len, out, o.store_[t.p].type);
+                           t.len, out, o.store_[t.p].type, o.prefetch_);
   }
 
   static void* working_shard(const impl& o, param_id p) noexcept {

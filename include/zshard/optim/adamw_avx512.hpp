@@ -131,29 +131,33 @@ ZSHARD_AVX512_INLINE __m512 update_tail(const lanes& k, float* master, float* m,
 // `span` vectors per iteration, software-pipelined by hand: every load of the group is issued
 // before the first division, so the loads of later vectors are in flight while the divider
 // works (one vector at a time left the core's window full of operations waiting on the divider
-// and the memory streams idle: about 0.7 of the same-bytes ceiling at one thread). The group
-// also prefetches its streams simd::prefetch_distance elements ahead (see there).
+// and the memory streams idle: about 0.7 of the same-bytes ceiling at one thread). With
+// Prefetch, the group also prefetches its four streams `ahead` bytes ahead (adamw_prefetch.hpp
+// says when that pays); the prefetch changes no value, only when a line arrives.
 inline constexpr std::size_t span = 4;
 // Unrolled at every optimisation level (GCC's -O2 keeps these loops and moves the vectors
 // through the stack), so the group's vectors stay in registers.
 #define ZSHARD_UNROLL_SPAN _Pragma("GCC unroll 4")
 
-// A read prefetch simd::prefetch_distance elements past p. The address is formed as an integer:
-// near the end of an array it lies past the end, where a prefetch may point (it never faults)
-// but pointer arithmetic may not.
-ZSHARD_AVX512_INLINE void prefetch_ahead(const float* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(p) + simd::prefetch_distance * sizeof(float)),
-               _MM_HINT_T0);
+// A read prefetch `bytes` past p. The address is formed as an integer: near the end of an
+// array it lies past the end, where a prefetch may point (it never faults) but pointer
+// arithmetic may not.
+ZSHARD_AVX512_INLINE void prefetch_ahead(const float* p, std::size_t bytes) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(p) + bytes), _MM_HINT_T0);
 }
 
+template <bool Prefetch>
 ZSHARD_AVX512_INLINE void load_group(float* master, float* m, float* v, const float* grad, __m512 (&p)[span],
-                                     __m512 (&mo)[span], __m512 (&va)[span], __m512 (&g)[span]) {
-  ZSHARD_UNROLL_SPAN
-  for (std::size_t j = 0; j < span; ++j) {
-    prefetch_ahead(grad + 16 * j);
-    prefetch_ahead(m + 16 * j);
-    prefetch_ahead(v + 16 * j);
-    prefetch_ahead(master + 16 * j);
+                                     __m512 (&mo)[span], __m512 (&va)[span], __m512 (&g)[span],
+                                     [[maybe_unused]] std::size_t ahead) {
+  if constexpr (Prefetch) {
+    ZSHARD_UNROLL_SPAN
+    for (std::size_t j = 0; j < span; ++j) {
+      prefetch_ahead(grad + 16 * j, ahead);
+      prefetch_ahead(m + 16 * j, ahead);
+      prefetch_ahead(v + 16 * j, ahead);
+      prefetch_ahead(master + 16 * j, ahead);
+    }
   }
   ZSHARD_UNROLL_SPAN
   for (std::size_t j = 0; j < span; ++j) {
@@ -164,28 +168,36 @@ ZSHARD_AVX512_INLINE void load_group(float* master, float* m, float* v, const fl
   }
 }
 
-template <class W>
-ZSHARD_AVX512_INLINE void update_group(const lanes& k, float* master, float* m, float* v, const float* grad, W* out) {
-  __m512 p[span], mo[span], va[span], g[span];
-  load_group(master, m, v, grad, p, mo, va, g);
-  ZSHARD_UNROLL_SPAN
-  for (std::size_t j = 0; j < span; ++j) update(k, p[j], mo[j], va[j], g[j]);
-  ZSHARD_UNROLL_SPAN
-  for (std::size_t j = 0; j < span; ++j) {
-    _mm512_storeu_ps(m + 16 * j, mo[j]);
-    _mm512_storeu_ps(v + 16 * j, va[j]);
-    _mm512_storeu_ps(master + 16 * j, p[j]);
-    if constexpr (!std::is_void_v<W>) store(out + 16 * j, p[j]);
+// Every whole group of the range; returns where the groups end. The caller picks Prefetch once
+// per call, so the loop carries no test for it.
+template <bool Prefetch, class W>
+ZSHARD_AVX512_INLINE std::size_t update_groups(const lanes& k, float* master, float* m, float* v, const float* grad,
+                                               std::size_t n, W* out, std::size_t ahead) {
+  std::size_t i = 0;
+  for (; i + 16 * span <= n; i += 16 * span) {
+    __m512 p[span], mo[span], va[span], g[span];
+    load_group<Prefetch>(master + i, m + i, v + i, grad + i, p, mo, va, g, ahead);
+    ZSHARD_UNROLL_SPAN
+    for (std::size_t j = 0; j < span; ++j) update(k, p[j], mo[j], va[j], g[j]);
+    ZSHARD_UNROLL_SPAN
+    for (std::size_t j = 0; j < span; ++j) {
+      _mm512_storeu_ps(m + i + 16 * j, mo[j]);
+      _mm512_storeu_ps(v + i + 16 * j, va[j]);
+      _mm512_storeu_ps(master + i + 16 * j, p[j]);
+      if constexpr (!std::is_void_v<W>) store(out + i + 16 * j, p[j]);
+    }
   }
+  return i;
 }
 
 // adamw_update_scalar's contract on 16 lanes: W is float, bf16, f16, or void (no write-back).
+// prefetch_bytes: how far ahead each stream is prefetched, 0 = no software prefetch.
 template <class W>
 ZSHARD_AVX512 void adamw_update(const adamw_step& s, float* master, float* m, float* v, const float* grad,
-                                std::size_t n, W* out) noexcept {
+                                std::size_t n, W* out, std::size_t prefetch_bytes) noexcept {
   const lanes k = broadcast(simd::adamw_constants(s));
-  std::size_t i = 0;
-  for (; i + 16 * span <= n; i += 16 * span) update_group(k, master + i, m + i, v + i, grad + i, simd::advance(out, i));
+  std::size_t i = prefetch_bytes == 0 ? update_groups<false>(k, master, m, v, grad, n, out, 0)
+                                      : update_groups<true>(k, master, m, v, grad, n, out, prefetch_bytes);
   for (; i + 16 <= n; i += 16) {
     __m512 p = _mm512_loadu_ps(master + i), mo = _mm512_loadu_ps(m + i), va = _mm512_loadu_ps(v + i);
     update(k, p, mo, va, _mm512_loadu_ps(grad + i));
@@ -200,14 +212,14 @@ ZSHARD_AVX512 void adamw_update(const adamw_step& s, float* master, float* m, fl
   }
 }
 
-// The same with a bf16 working copy through VCVTNEPS2BF16 (avx512_bf16 CPUs only).
-ZSHARD_AVX512_BF16 inline void adamw_update_bf16_native(const adamw_step& s, float* master, float* m, float* v,
-                                                        const float* grad, std::size_t n, bf16* out) noexcept {
-  const lanes k = broadcast(simd::adamw_constants(s));
+// update_groups with the bf16 copy through VCVTNEPS2BF16 (its own target, so its own loop).
+template <bool Prefetch>
+__attribute__((target(ZSHARD_AVX512_ISA ",avx512bf16"), always_inline)) inline std::size_t update_groups_bf16_native(
+    const lanes& k, float* master, float* m, float* v, const float* grad, std::size_t n, bf16* out, std::size_t ahead) {
   std::size_t i = 0;
   for (; i + 16 * span <= n; i += 16 * span) {
     __m512 p[span], mo[span], va[span], g[span];
-    load_group(master + i, m + i, v + i, grad + i, p, mo, va, g);
+    load_group<Prefetch>(master + i, m + i, v + i, grad + i, p, mo, va, g, ahead);
     ZSHARD_UNROLL_SPAN
     for (std::size_t j = 0; j < span; ++j) update(k, p[j], mo[j], va[j], g[j]);
     ZSHARD_UNROLL_SPAN
@@ -218,6 +230,17 @@ ZSHARD_AVX512_BF16 inline void adamw_update_bf16_native(const adamw_step& s, flo
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 16 * j), to_bf16_bits_native(p[j]));
     }
   }
+  return i;
+}
+
+// The same with a bf16 working copy through VCVTNEPS2BF16 (avx512_bf16 CPUs only).
+ZSHARD_AVX512_BF16 inline void adamw_update_bf16_native(const adamw_step& s, float* master, float* m, float* v,
+                                                        const float* grad, std::size_t n, bf16* out,
+                                                        std::size_t prefetch_bytes) noexcept {
+  const lanes k = broadcast(simd::adamw_constants(s));
+  std::size_t i = prefetch_bytes == 0
+                      ? update_groups_bf16_native<false>(k, master, m, v, grad, n, out, 0)
+                      : update_groups_bf16_native<true>(k, master, m, v, grad, n, out, prefetch_bytes);
   for (; i + 16 <= n; i += 16) {
     __m512 p = _mm512_loadu_ps(master + i), mo = _mm512_loadu_ps(m + i), va = _mm512_loadu_ps(v + i);
     update(k, p, mo, va, _mm512_loadu_ps(grad + i));

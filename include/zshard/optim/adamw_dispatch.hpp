@@ -17,6 +17,7 @@
 #include "zshard/optim/adamw.hpp"
 #include "zshard/optim/adamw_avx2.hpp"
 #include "zshard/optim/adamw_avx512.hpp"
+#include "zshard/optim/adamw_prefetch.hpp"
 #include "zshard/optim/cpu_features.hpp"
 
 namespace zshard::optim {
@@ -32,14 +33,15 @@ constexpr std::size_t round_up_to_granule(std::size_t n) noexcept {
 namespace detail {
 template <class W>
 void adamw_on(simd_path path, const adamw_step& s, float* master, float* m, float* v, const float* grad, std::size_t n,
-              W* out) noexcept {
+              W* out, std::size_t prefetch_bytes) noexcept {
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
   switch (path) {
     case simd_path::avx512_bf16:
-      if constexpr (std::is_same_v<W, bf16>) return avx512::adamw_update_bf16_native(s, master, m, v, grad, n, out);
+      if constexpr (std::is_same_v<W, bf16>)
+        return avx512::adamw_update_bf16_native(s, master, m, v, grad, n, out, prefetch_bytes);
       [[fallthrough]];
     case simd_path::avx512:
-      return avx512::adamw_update(s, master, m, v, grad, n, out);
+      return avx512::adamw_update(s, master, m, v, grad, n, out, prefetch_bytes);
     case simd_path::avx2:
       return avx2::adamw_update(s, master, m, v, grad, n, out);
     case simd_path::automatic:
@@ -49,6 +51,7 @@ void adamw_on(simd_path path, const adamw_step& s, float* master, float* m, floa
 #else
   (void)path;
 #endif
+  (void)prefetch_bytes;  // the AVX2 and scalar paths have no software prefetch
   adamw_loop<W>(s, master, m, v, grad, n, out);
 }
 
@@ -75,17 +78,20 @@ void convert_on(simd_path path, const float* src, W* dst, std::size_t n) noexcep
 }  // namespace detail
 
 // adamw_update_scalar's contract on `path`, which must be resolved (resolve()) and supported
-// by this CPU: the caller checks once, not per call.
+// by this CPU: the caller checks once, not per call. prefetch_bytes (adamw_prefetch.hpp)
+// changes the speed only, never a result bit; the default reads the process's setting, which
+// throws on a malformed ZSHARD_ADAMW_PREFETCH, so long-lived callers read it once up front.
 inline void adamw_update_on(simd_path path, const adamw_step& s, float* master, float* m, float* v, const float* grad,
-                            std::size_t n, void* working_out, dtype working_type) noexcept {
-  if (working_out == nullptr) return detail::adamw_on<void>(path, s, master, m, v, grad, n, nullptr);
+                            std::size_t n, void* working_out, dtype working_type,
+                            std::size_t prefetch_bytes = adamw_prefetch_bytes()) noexcept {
+  if (working_out == nullptr) return detail::adamw_on<void>(path, s, master, m, v, grad, n, nullptr, prefetch_bytes);
   switch (working_type) {
     case dtype::f32:
-      return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<float*>(working_out));
+      return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<float*>(working_out), prefetch_bytes);
     case dtype::bf16:
-      return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<bf16*>(working_out));
+      return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<bf16*>(working_out), prefetch_bytes);
     case dtype::f16:
-      return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<f16*>(working_out));
+      return detail::adamw_on(path, s, master, m, v, grad, n, static_cast<f16*>(working_out), prefetch_bytes);
   }
 }
 
@@ -109,8 +115,11 @@ class host_adamw {
   static constexpr std::size_t default_tile_numel = std::size_t{1} << 16;  // 256 KiB of each f32 array
 
   explicit host_adamw(int threads = 0, simd_path path = simd_path::automatic,
-                      std::size_t tile_numel = default_tile_numel)
-      : path_(resolve(path)), tile_(checked_tile(tile_numel)), pool_(threads) {}
+                      std::size_t tile_numel = default_tile_numel, std::size_t prefetch_bytes = adamw_prefetch_bytes())
+      : path_(resolve(path)),
+        tile_(checked_tile(tile_numel)),
+        prefetch_(checked_prefetch(prefetch_bytes)),
+        pool_(threads) {}
 
   // adamw_update_scalar's contract, over every thread of the pool.
   void update(const adamw_step& s, float* master, float* m, float* v, const float* grad, std::size_t n,
@@ -119,7 +128,7 @@ class host_adamw {
     auto body = [&](std::size_t t) {
       const std::size_t b = t * tile_, len = b + tile_ <= n ? tile_ : n - b;
       void* out = working_out ? static_cast<char*>(working_out) + b * w : nullptr;
-      adamw_update_on(path_, s, master + b, m + b, v + b, grad + b, len, out, working_type);
+      adamw_update_on(path_, s, master + b, m + b, v + b, grad + b, len, out, working_type, prefetch_);
     };
     pool_.run(tiles(n), body);
   }
@@ -137,6 +146,7 @@ class host_adamw {
   simd_path path() const noexcept { return path_; }
   int threads() const noexcept { return pool_.size(); }
   std::size_t tile_numel() const noexcept { return tile_; }
+  std::size_t prefetch_bytes() const noexcept { return prefetch_; }
   worker_pool& pool() noexcept { return pool_; }
 
  private:
@@ -145,10 +155,18 @@ class host_adamw {
                    "use a tile of a few ten thousand elements, e.g. 65536");
     return round_up_to_granule(n);
   }
+  static std::size_t checked_prefetch(std::size_t bytes) {
+    ZSHARD_REQUIRE(bytes <= max_prefetch_bytes, error_kind::config,
+                   "host AdamW prefetch distance " + std::to_string(bytes) + " bytes is over the " +
+                       std::to_string(max_prefetch_bytes) + "-byte limit",
+                   "use 0 (no software prefetch) or a distance of a few KiB, e.g. 2048");
+    return bytes;
+  }
   std::size_t tiles(std::size_t n) const noexcept { return (n + tile_ - 1) / tile_; }
 
   simd_path path_;
   std::size_t tile_;
+  std::size_t prefetch_;
   worker_pool pool_;
 };
 

@@ -53,13 +53,6 @@ void convert_tail(const float* src, W* dst, std::size_t n) noexcept {
   }
 }
 
-// How far ahead of the vector being updated the kernels prefetch their four input streams (g,
-// m, v, master), in elements: 2 KiB per stream. With the update's arithmetic between loads, the
-// core's window holds too few outstanding loads for the hardware prefetcher alone to keep
-// memory busy (host_adam, 8M parameters, one thread: about 0.87 of the same-bytes ceiling
-// without, 0.98 with; 1 KiB and 4 KiB measured the same as 2 KiB within the noise).
-inline constexpr std::size_t prefetch_distance = 512;
-
 // Offsets a working-copy pointer; void (no write-back) stays null.
 template <class W>
 W* advance(W* out, std::size_t i) noexcept {
