@@ -5,7 +5,9 @@
 // Rank threads only record what they got; every assertion runs on the test thread after join.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -193,6 +195,43 @@ TEST_CASE("thread_world::abort stops a waiting rank and every later collective")
   const caught later = catch_error([&] { thread_comm(world, 1).all_reduce(&x, &x, 1, dtype::f32, reduce_op::sum); });
   CHECK(later.kind == error_kind::comm);
   CHECK(contains(later.what, "all_reduce on rank 1 aborted"));
+}
+
+// The CI failure of 2026-12-05 (ASan heap-use-after-free in test_hybrid): an abort that lands
+// while ranks copy from each other's buffers let the first rank to finish throw at the exit
+// rendezvous and free its buffer while a slower peer still read it. Here each rank rewrites its
+// source as soon as its collective throws: a peer that had not finished reading would copy the
+// rewritten words. Three ranks on two cores make one rank fall behind in its copy; each trial
+// aborts at a different moment.
+TEST_CASE("an abort in the middle of a collective: no rank leaves while a peer still reads its buffer") {
+  constexpr int ranks = 3;
+  constexpr std::size_t words = std::size_t{1} << 18;  // 1 MiB per rank: the copy dominates
+  constexpr std::uint32_t rewritten = 0xFFFFFFFFu;
+  int leaked = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    thread_world world(ranks, 30s);
+    std::vector<std::vector<std::uint32_t>> src(ranks), dst(ranks);
+    std::vector<caught> got(ranks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      src[r].assign(words, std::uint32_t(r + 1));
+      dst[r].assign(words * ranks, 0);
+      threads.emplace_back([&, r] {
+        got[r] = catch_error([&] {
+          for (;;) thread_comm(world, r).all_gather(src[r].data(), dst[r].data(), words, dtype::f32);
+        });
+        std::fill(src[r].begin(), src[r].end(), rewritten);  // reused at once, as a freed buffer would be
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(300 + 97 * trial));
+    world.abort("stopped mid-copy");
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < ranks; ++r) {
+      CHECK(got[r].kind == error_kind::comm);
+      leaked += std::count(dst[r].begin(), dst[r].end(), rewritten) > 0;
+    }
+  }
+  CHECK(leaked == 0);  // no rank read a peer's buffer after that peer had left the collective
 }
 
 TEST_CASE("bad arguments are usage errors raised before any communication") {

@@ -18,9 +18,9 @@
 // output (reduce_scatter: this rank's dst; all_reduce: this rank's dst, then copied to peers').
 //
 // Failure: thread_world::abort() or a timeout poisons the world; every rank waiting in or
-// entering a collective then throws error_kind::comm instead of hanging. A rank waiting while
-// a peer is still between rendezvous (possibly reading its buffers) waits for that peer to
-// arrive first, so an abort never frees memory from under a reader.
+// entering a collective then throws error_kind::comm instead of hanging. A rank about to throw
+// while a peer is still between rendezvous (possibly reading its buffers) waits for that peer
+// to arrive first, so an abort never frees memory from under a reader.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -263,6 +263,16 @@ class thread_world {
                  "the first failure is the root cause and run_ranks rethrows it: fix that one");
   }
 
+  // Leaving by an exception lets the caller free or reuse its buffers, so a rank throws only
+  // once no peer is between rendezvous (a peer that passed the enter rendezvous before the
+  // poison may still be copying from this rank; its work is bounded and it clears `busy` when
+  // it arrives at the exit, where it meets the poison too).
+  [[noreturn]] void throw_aborted_when_unread(std::unique_lock<std::mutex>& lk, int rank, detail::collective what) {
+    cv_.notify_all();  // a waiter may be waiting for this rank to stop reading
+    cv_.wait(lk, [&] { return !peer_busy_locked(); });
+    throw aborted_error(rank, what);
+  }
+
   // The last rank into an enter rendezvous checks every rank called the same thing.
   std::string validate_locked() const {
     const detail::comm_slot& a = ranks_[0].slot;
@@ -286,10 +296,7 @@ class thread_world {
     std::unique_lock lk(m_);
     rank_state& me = ranks_[static_cast<std::size_t>(rank)];
     me.busy = false;
-    if (poisoned_) {
-      cv_.notify_all();  // a waiter may be waiting for this rank to stop reading
-      throw aborted_error(rank, what);
-    }
+    if (poisoned_) throw_aborted_when_unread(lk, rank, what);
     if (publish) {
       me.slot = *publish;
       me.slot.seq = me.next_seq++;
@@ -298,7 +305,7 @@ class thread_world {
     for (int q = 0; q < size_; ++q)
       if (ranks_[static_cast<std::size_t>(q)].retired) {
         poison_locked(q, retired_message_locked(q));
-        throw aborted_error(rank, what);
+        throw_aborted_when_unread(lk, rank, what);
       }
     const std::uint64_t gen = generation_.load(std::memory_order_relaxed);  // written under m_ only
     if (++arrived_ == size_) {
