@@ -13,8 +13,11 @@
 //   ratio    moved / memcpy            > 1: the ranks together beat one copying thread
 // Key figures: allgather_vs_memcpy = median over the thread all_gather rows of ratio (and
 // the same for reduce_scatter, and for the MPI rows); mpi_vs_thread_allgather = median over
-// sizes and rank counts of t_thread / t_mpi (> 1: MPI faster); mpi_vs_raw_mpi_* = the same
-// against the MPI library's own blocking collective (mpiraw rows: zshard's overhead, < 1 costs).
+// sizes and rank counts of t_thread / t_mpi (> 1: MPI faster); mpi_allgather_vs_raw and
+// mpi_reducescatter_vs_raw = the worst, over sizes 4 KiB - 64 MiB and rank counts, of
+// t_raw / t_zshard, where t_raw is the better of the MPI library's own blocking call (mpiraw
+// rows) and its non-blocking call + MPI_Wait (mpi_nb rows) (< 1: zshard slower at that size),
+// over rank counts that fit the hardware threads (the *_oversubscribed figures: the others).
 // A second section (thread_latency.hpp) times small collectives: thread_allreduce_small_us.
 //
 // Usage: comm_bandwidth [--quick]      (--mpi-worker: internal, the MPI half under mpiexec)
@@ -22,9 +25,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -99,7 +104,8 @@ double best_collective_seconds(op_kind op, int ranks, std::size_t bytes, int rep
   return best;
 }
 
-enum class comm_kind { thread, mpi, mpi_raw };  // mpi_raw: the MPI library's own collective
+// mpi_raw / mpi_raw_nb: the MPI library's own blocking / non-blocking collective
+enum class comm_kind { thread, mpi, mpi_raw, mpi_raw_nb };
 
 struct row {
   std::size_t bytes;
@@ -118,41 +124,69 @@ std::vector<std::size_t> sizes_for(bool quick) {
 }
 
 #ifdef ZSHARD_BENCH_MPI
-// Under mpiexec: the same measurement on MPI processes; rank 0 prints "row <bytes> <op> <s>".
+// The MPI rows: 4 KiB to 64 MiB, where a small collective's latency matters as much as a large
+// one's bandwidth.
+std::vector<std::size_t> mpi_sizes_for(bool quick) {
+  std::vector<std::size_t> sizes;
+  for (std::size_t s = 4096; s <= 64 * mib; s *= quick ? 16 : 4) sizes.push_back(s);
+  return sizes;
+}
+
+// Under mpiexec: rank 0 prints "row <bytes> <kind> <seconds> <memcpy seconds>" per size and
+// kind (0/1: zshard's all_gather/reduce_scatter; 2/3: the MPI library's blocking calls; 4/5:
+// its non-blocking calls + MPI_Wait). Each time is the best of several batches of back-to-back
+// calls between two MPI_Barriers, divided by the batch: the engine issues collectives back to
+// back, and a barrier per call would dwarf a 4 KiB one. All rows use the same barrier.
 int mpi_worker(int argc, char** argv, bool quick) {
   return zshard::run_mpi(argc, argv, [&](zshard::mpi_comm& c) {
     const int ranks = c.size();
-    for (std::size_t bytes : sizes_for(quick)) {
-      const int reps = repeats_for(bytes, quick);
+    const MPI_Comm h = c.handle();
+    for (std::size_t bytes : mpi_sizes_for(quick)) {
       const std::size_t count = bytes / sizeof(float) / static_cast<std::size_t>(ranks);
+      const int n = static_cast<int>(count);
+      const int batch = static_cast<int>(std::clamp<std::size_t>(4 * mib / bytes, 1, 200));
+      const int reps = quick ? 3 : 7;
       std::vector<float> full(count * static_cast<std::size_t>(ranks), 1.0f + static_cast<float>(c.rank()));
       std::vector<float> shard(count, 0.5f);
-      for (op_kind op : {op_kind::all_gather, op_kind::reduce_scatter}) {
-        double best = best_on_rank(c, op, count, reps, full, shard);
-        if (c.rank() == 0) std::printf("row %zu %d %.9f\n", bytes, op == op_kind::all_gather ? 0 : 1, best);
-        // Baseline: the MPI library's own blocking collective on the same buffers, no zshard
-        // (MPI_Reduce_scatter_block reduces in MPI's order: not what zshard guarantees).
-        best = std::numeric_limits<double>::infinity();
-        for (int it = -1; it < reps; ++it) {
-          MPI_Barrier(c.handle());
+      const double t_memcpy = best_memcpy_seconds(bytes, reps);
+      const auto wait = [](MPI_Request& r) { MPI_Wait(&r, MPI_STATUS_IGNORE); };
+      // MPI_Reduce_scatter_block reduces in MPI's order, not what zshard guarantees: a baseline only.
+      const std::function<void()> calls[6] = {
+          [&] { c.all_gather(shard.data(), full.data(), count, zshard::dtype::f32); },
+          [&] { c.reduce_scatter(full.data(), shard.data(), count, zshard::dtype::f32, zshard::reduce_op::sum); },
+          [&] { MPI_Allgather(shard.data(), n, MPI_FLOAT, full.data(), n, MPI_FLOAT, h); },
+          [&] { MPI_Reduce_scatter_block(full.data(), shard.data(), n, MPI_FLOAT, MPI_SUM, h); },
+          [&] {
+            MPI_Request r;
+            MPI_Iallgather(shard.data(), n, MPI_FLOAT, full.data(), n, MPI_FLOAT, h, &r);
+            wait(r);
+          },
+          [&] {
+            MPI_Request r;
+            MPI_Ireduce_scatter_block(full.data(), shard.data(), n, MPI_FLOAT, MPI_SUM, h, &r);
+            wait(r);
+          }};
+      // Interleaved: each round times every kind once, so a busy spell of a shared machine
+      // falls on all of them rather than on one kind's every repeat.
+      double t[6];
+      std::fill(std::begin(t), std::end(t), std::numeric_limits<double>::infinity());
+      for (int it = -1; it < reps; ++it)
+        for (int k = 0; k < 6; ++k) {
+          MPI_Barrier(h);
           const auto t0 = clock_type::now();
-          const int n = static_cast<int>(count);
-          if (op == op_kind::all_gather)
-            MPI_Allgather(shard.data(), n, MPI_FLOAT, full.data(), n, MPI_FLOAT, c.handle());
-          else
-            MPI_Reduce_scatter_block(full.data(), shard.data(), n, MPI_FLOAT, MPI_SUM, c.handle());
-          MPI_Barrier(c.handle());
-          if (it >= 0) best = std::min(best, seconds_since(t0));
+          for (int b = 0; b < batch; ++b) calls[k]();
+          MPI_Barrier(h);
+          if (it >= 0) t[k] = std::min(t[k], seconds_since(t0) / batch);
         }
-        if (c.rank() == 0) std::printf("row %zu %d %.9f\n", bytes, op == op_kind::all_gather ? 2 : 3, best);
-      }
+      if (c.rank() == 0)
+        for (int k = 0; k < 6; ++k) std::printf("row %zu %d %.9f %.9f\n", bytes, k, t[k], t_memcpy);
     }
     std::fflush(stdout);
   });
 }
 
 // Re-launches this program under mpiexec with `ranks` processes and reads its rows.
-std::vector<row> mpi_rows(int ranks, bool quick, const std::vector<row>& thread_rows) {
+std::vector<row> mpi_rows(int ranks, bool quick) {
   char self[4096] = {};
   const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0) return {};
@@ -166,16 +200,14 @@ std::vector<row> mpi_rows(int ranks, bool quick, const std::vector<row>& thread_
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return rows;
   char line[256];
+  constexpr comm_kind kinds[] = {comm_kind::mpi, comm_kind::mpi_raw, comm_kind::mpi_raw_nb};
   while (std::fgets(line, sizeof line, p)) {
     std::size_t bytes = 0;
-    int op = 0;
-    double secs = 0;
-    if (std::sscanf(line, "row %zu %d %lf", &bytes, &op, &secs) != 3) continue;
-    double t_memcpy = 0;  // the memcpy time measured for this size in the thread half
-    for (const row& r : thread_rows)
-      if (r.bytes == bytes) t_memcpy = r.memcpy_seconds;
-    rows.push_back({bytes, ranks, op % 2 == 0 ? op_kind::all_gather : op_kind::reduce_scatter, secs, t_memcpy,
-                    op < 2 ? comm_kind::mpi : comm_kind::mpi_raw});
+    int kind = 0;
+    double secs = 0, t_memcpy = 0;
+    if (std::sscanf(line, "row %zu %d %lf %lf", &bytes, &kind, &secs, &t_memcpy) != 4 || kind < 0 || kind > 5) continue;
+    rows.push_back(
+        {bytes, ranks, kind % 2 == 0 ? op_kind::all_gather : op_kind::reduce_scatter, secs, t_memcpy, kinds[kind / 2]});
   }
   if (pclose(p) != 0) std::fprintf(stderr, "comm_bandwidth: '%s' failed\n", cmd.c_str());
   return rows;
@@ -184,12 +216,11 @@ std::vector<row> mpi_rows(int ranks, bool quick, const std::vector<row>& thread_
 
 void print_row(const row& r) {
   const double s = static_cast<double>(r.bytes);
-  std::printf("%8zu %-6s %5d %-15s %10.3f %12.2f %12.2f %12.2f %7.2f\n", r.bytes / mib,
-              r.comm == comm_kind::thread ? "thread"
-              : r.comm == comm_kind::mpi  ? "mpi"
-                                          : "mpiraw",
-              r.ranks, r.op == op_kind::all_gather ? "all_gather" : "reduce_scatter", r.seconds * 1e3,
-              s / r.seconds / 1e9, r.ranks * s / r.seconds / 1e9, s / r.memcpy_seconds / 1e9, r.ratio());
+  constexpr const char* names[] = {"thread", "mpi", "mpiraw", "mpi_nb"};
+  std::printf("%8.3f %-6s %5d %-15s %10.3f %12.2f %12.2f %12.2f %7.2f\n", static_cast<double>(r.bytes) / mib,
+              names[static_cast<int>(r.comm)], r.ranks, r.op == op_kind::all_gather ? "all_gather" : "reduce_scatter",
+              r.seconds * 1e6, s / r.seconds / 1e9, r.ranks * s / r.seconds / 1e9, s / r.memcpy_seconds / 1e9,
+              r.ratio());
   std::fflush(stdout);
 }
 
@@ -221,7 +252,7 @@ int main(int argc, char** argv) {
   std::printf(
       "S = full buffer per rank; algbw = S/t; moved = ranks*S/t; memcpy = S/t_memcpy (1 thread); "
       "ratio = moved/memcpy; GB = 1e9 B\n\n");
-  std::printf("%8s %-6s %5s %-15s %10s %12s %12s %12s %7s\n", "S_MiB", "comm", "ranks", "op", "time_ms", "algbw_GB/s",
+  std::printf("%8s %-6s %5s %-15s %10s %12s %12s %12s %7s\n", "S_MiB", "comm", "ranks", "op", "time_us", "algbw_GB/s",
               "moved_GB/s", "memcpy_GB/s", "ratio");
 
   std::vector<row> rows;
@@ -236,9 +267,8 @@ int main(int argc, char** argv) {
     }
   }
 #ifdef ZSHARD_BENCH_MPI
-  const std::vector<row> thread_rows = rows;
   for (int ranks : rank_counts)
-    for (const row& r : mpi_rows(ranks, quick, thread_rows)) {
+    for (const row& r : mpi_rows(ranks, quick)) {
       rows.push_back(r);
       print_row(r);
     }
@@ -263,6 +293,24 @@ int main(int argc, char** argv) {
             v.push_back(t.seconds / r.seconds);
     return median(v);
   };
+  // worst over (size, ranks) of t_raw / t_mpi, t_raw the better of MPI's blocking and
+  // non-blocking call at that size (< 1: zshard slower than the library at its best)
+  // Rows with more processes than hardware threads measure the scheduler more than either
+  // implementation: they get a figure of their own.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto worst_vs_raw = [&](op_kind op, bool oversubscribed) {
+    double worst = std::numeric_limits<double>::infinity();
+    for (const row& r : rows)
+      if (r.comm == comm_kind::mpi && r.op == op && (r.ranks > cores) == oversubscribed) {
+        double raw = std::numeric_limits<double>::infinity();
+        for (const row& t : rows)
+          if ((t.comm == comm_kind::mpi_raw || t.comm == comm_kind::mpi_raw_nb) && t.op == op && t.ranks == r.ranks &&
+              t.bytes == r.bytes)
+            raw = std::min(raw, t.seconds);
+        worst = std::min(worst, raw / r.seconds);
+      }
+    return std::isfinite(worst) ? worst : 0.0;
+  };
   std::vector<double> memcpy_rates;
   for (const row& r : rows)
     if (r.comm == comm_kind::thread) memcpy_rates.push_back(static_cast<double>(r.bytes) / r.memcpy_seconds / 1e9);
@@ -280,8 +328,10 @@ int main(int argc, char** argv) {
   std::printf("reducescatter_vs_memcpy: %.2f\n", collect(th, op_kind::reduce_scatter, 0, true));
   std::printf("allgather_vs_memcpy: %.2f\n", collect(th, op_kind::all_gather, 0, true));
 #ifdef ZSHARD_BENCH_MPI
-  std::printf("mpi_vs_raw_mpi_allgather: %.2f\n", speedup(comm_kind::mpi_raw, op_kind::all_gather));
-  std::printf("mpi_vs_raw_mpi_reducescatter: %.2f\n", speedup(comm_kind::mpi_raw, op_kind::reduce_scatter));
+  std::printf("mpi_allgather_vs_raw: %.2f\n", worst_vs_raw(op_kind::all_gather, false));
+  std::printf("mpi_reducescatter_vs_raw: %.2f\n", worst_vs_raw(op_kind::reduce_scatter, false));
+  std::printf("mpi_allgather_vs_raw_oversubscribed: %.2f\n", worst_vs_raw(op_kind::all_gather, true));
+  std::printf("mpi_reducescatter_vs_raw_oversubscribed: %.2f\n", worst_vs_raw(op_kind::reduce_scatter, true));
   std::printf("mpi_allgather_vs_memcpy: %.2f\n", collect(mp, op_kind::all_gather, 0, true));
   std::printf("mpi_reducescatter_vs_memcpy: %.2f\n", collect(mp, op_kind::reduce_scatter, 0, true));
   std::printf("mpi_vs_thread_allgather: %.2f\n", speedup(comm_kind::thread, op_kind::all_gather));

@@ -84,6 +84,35 @@ TEST_CASE("mpi collectives equal the serial rank-order reference for every dtype
   CHECK(comm.collectives_called() > 0);
 }
 
+// A payload up to inline_bytes minus the 32-byte header rides in the collective's first message
+// to each peer; one byte more goes in a data message of its own (mpi_exchange.hpp). Both sides
+// of that edge, and inline_bytes 0 (every payload in data messages), give the reference's bits.
+TEST_CASE("all_gather and reduce_scatter at the edge between inline payloads and data messages") {
+  for (std::size_t limit : {std::size_t{0}, std::size_t{64}, std::size_t{4096}}) {
+    mpi_options o = mpi_test::options();
+    o.inline_bytes = limit;
+    mpi_comm comm(MPI_COMM_WORLD, o);
+    const int w = comm.size(), r = comm.rank();
+    const auto uw = static_cast<std::size_t>(w), ur = static_cast<std::size_t>(r);
+    const std::size_t edge = limit > 32 ? (limit - 32) / 4 : 1;  // f32 elements that just fit
+    for (std::size_t block : {edge - 1, edge, edge + 1}) {
+      if (block == 0) continue;
+      INFO("inline_bytes ", limit, ", block ", block, " f32, world ", w);
+      std::vector<bytes> shards, grads;
+      for (int q = 0; q < w; ++q) {
+        shards.push_back(input(dtype::f32, block, 7 + std::uint32_t(block), q));
+        grads.push_back(input(dtype::f32, block * uw, 8 + std::uint32_t(block), q));
+      }
+      bytes want, full(block * uw * 4), got(block * 4);
+      for (const auto& s : shards) want.insert(want.end(), s.begin(), s.end());
+      comm.all_gather(shards[ur].data(), full.data(), block, dtype::f32);
+      CHECK(full == want);
+      comm.reduce_scatter(grads[ur].data(), got.data(), block, dtype::f32, reduce_op::sum);
+      CHECK(got == mpi_test::reference_reduce(grads, ur * block, block, dtype::f32, reduce_op::sum));
+    }
+  }
+}
+
 TEST_CASE("mpi and thread communicators give the same bits at the same world size") {
   mpi_comm comm(MPI_COMM_WORLD, mpi_test::options());
   const int w = comm.size(), r = comm.rank();

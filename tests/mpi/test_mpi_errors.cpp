@@ -4,7 +4,11 @@
 // rank that throws, returns early or hangs, are process-level: tests/mpi/failure_driver.cpp.)
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mpi_test_support.hpp"
@@ -45,6 +49,19 @@ TEST_CASE("ranks that disagree on a collective's arguments fail on every rank, n
     const std::string again = comm_error([&] { c.barrier(); });
     CHECK(again.find("failed earlier") != std::string::npos);
   }
+  // One rank's block goes in data messages (over inline_bytes), the others' inline: the headers
+  // still meet first, and nothing is received at the wrong size.
+  SUBCASE("counts on both sides of the inline edge") {
+    const std::size_t n = r == 1 ? 2048 : 2;  // 8 KiB on rank 1: over inline_bytes (4 KiB)
+    std::vector<float> src(2048 * static_cast<std::size_t>(probe.size())), dst(src.size());
+    mpi_comm c(MPI_COMM_WORLD, mpi_test::options());
+    std::string msg = comm_error([&] { c.all_gather(src.data(), dst.data(), n, dtype::f32); });
+    CHECK(msg.find("collective mismatch: rank 0 called all_gather(count=2, f32)") != std::string::npos);
+    CHECK(msg.find("rank 1 called all_gather(count=2048, f32) as collective #0") != std::string::npos);
+    mpi_comm d(MPI_COMM_WORLD, mpi_test::options());
+    msg = comm_error([&] { d.reduce_scatter(src.data(), dst.data(), n, dtype::f32, reduce_op::sum); });
+    CHECK(msg.find("rank 1 called reduce_scatter(count=2048, f32, sum) as collective #0") != std::string::npos);
+  }
   SUBCASE("a skipped collective") {
     mpi_comm c(MPI_COMM_WORLD, mpi_test::options());
     const std::string msg = comm_error([&] {
@@ -69,6 +86,23 @@ TEST_CASE("ranks that disagree on a collective's arguments fail on every rank, n
           }).find("rank 1 called broadcast(count=4, f32, root=1)") != std::string::npos);
   }
   probe.barrier();
+}
+
+// More ranks on a node than hardware threads: a waiting rank yields at once instead of spinning
+// on the core a peer needs (mpi_options::spin). The launcher's count is what decides.
+TEST_CASE("an oversubscribed node waits without spinning") {
+  const char* saved = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const std::string keep = saved ? saved : "";
+  const auto spin = std::chrono::microseconds(1000);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(cores + 1).c_str(), 1);
+  CHECK(mpi_detail::spin_for_node(spin).count() == 0);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(cores).c_str(), 1);
+  CHECK(mpi_detail::spin_for_node(spin) == spin);
+  if (saved)
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", keep.c_str(), 1);
+  else
+    unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
 }
 
 TEST_CASE("bad arguments are usage errors on the calling rank, before any communication") {

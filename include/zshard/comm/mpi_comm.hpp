@@ -4,22 +4,24 @@
 // comm/mpi_run.hpp has the session and the run_mpi() entry point that ends the job on failure.
 //
 // Results are bitwise those of thread_comm at the same world size: MPI only moves bytes here,
-// it never reduces. reduce_scatter is an all-to-all (rank r receives block r of every rank)
-// followed by the thread communicator's own reduction kernel (detail::reduce_block: f32
-// accumulation in rank order 0..n-1, one division for average, one rounding to bf16/f16);
-// all_reduce is the same on an even split of the elements followed by an all-gather of the
-// reduced slices. MPI_Reduce_scatter would not do: MPI may reduce in any order (and has no
-// bf16/f16 types), so results would depend on the implementation and the world size. The
-// bytes each rank sends are those of a ring collective, (n - 1) / n of the buffer.
+// it never reduces. all_gather and reduce_scatter are direct messages to every peer
+// (mpi_exchange.hpp: faster than Open MPI's non-blocking collectives); reduce_scatter then
+// reduces with the thread communicator's kernel (detail::reduce_block: f32 accumulation in rank
+// order 0..n-1, one division for average, one rounding to bf16/f16); all_reduce is the same on
+// an even split of the elements (MPI_Ialltoallv) followed by an all-gather of the reduced
+// slices. MPI_Reduce_scatter would not do: MPI may reduce in any order (and has no bf16/f16
+// types), so results would depend on the implementation and the world size. The bytes each
+// rank sends are those of a ring collective, (n - 1) / n of the buffer.
 //
 // Same timeout and failure semantics as thread_comm (communicator.hpp, "Failure"):
-// - Every MPI call is non-blocking (MPI_Iallgather, MPI_Ialltoall(v), MPI_Iallgatherv,
-//   MPI_Ibcast, MPI_Ibarrier, MPI_Comm_idup) and polled with MPI_Test against
+// - Every MPI call is non-blocking (MPI_Isend/Irecv, MPI_Ialltoallv, MPI_Iallgatherv,
+//   MPI_Ibcast, MPI_Ibarrier, MPI_Comm_idup) and polled with MPI_Testall against
 //   options().timeout (default_comm_timeout, as thread_comm): never a silent hang.
-// - With check_arguments (the default) each collective first all-gathers its arguments (kind,
-//   sequence number, count, dtype, op, root): ranks that call different collectives, skip one
-//   or disagree on a count fail with the same "collective mismatch" message thread_comm gives,
-//   on every rank, before any data moves. Costs one small extra round trip per collective.
+// - Each collective's arguments (kind, sequence number, count, dtype, op, root) reach every
+//   peer in its first message: ranks that call different collectives, skip one or disagree on a
+//   count fail with the same "collective mismatch" message thread_comm gives, on every rank,
+//   before any of the collective's data is used. all_gather and reduce_scatter carry them in
+//   their own messages; the others spend one small round on them (check_arguments, the default).
 // - A rank that ends its run (finish(), called by run_mpi) tells its peers how many collectives
 //   it took part in, on this communicator and on every one split from it; a peer waiting in a
 //   later collective fails at once, naming it, in a split's group too (mpi_control.hpp).
@@ -36,6 +38,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -43,6 +46,7 @@
 
 #include "zshard/comm/communicator.hpp"
 #include "zshard/comm/mpi_control.hpp"
+#include "zshard/comm/mpi_exchange.hpp"
 #include "zshard/comm/mpi_options.hpp"
 #include "zshard/comm/thread_comm.hpp"  // the shared reduction kernel, argument checks and default timeout
 
@@ -55,7 +59,8 @@ class mpi_comm {
   // Every rank of `base` constructs one (it is a collective over base): duplicates base for
   // the collectives and again for the control messages, so user traffic on base never mixes
   // with ours. MPI must be initialised (mpi_session or MPI_Init_thread).
-  explicit mpi_comm(MPI_Comm base = MPI_COMM_WORLD, mpi_options opts = {}) : opts_(opts) {
+  explicit mpi_comm(MPI_Comm base = MPI_COMM_WORLD, mpi_options opts = {})
+      : opts_(opts), spin_(mpi_detail::spin_for_node(opts.spin)) {
     int init = 0, fin = 0;
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
@@ -65,7 +70,7 @@ class mpi_comm {
     ZSHARD_REQUIRE(base != MPI_COMM_NULL, error_kind::usage, "mpi_comm: base communicator is MPI_COMM_NULL");
     MPI_Comm_rank(base, &rank_);
     MPI_Comm_size(base, &size_);
-    current_ = "mpi_comm construction (MPI_Comm_idup)";
+    phase_ = "mpi_comm construction (MPI_Comm_idup)";
     MPI_Comm dups[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
     for (MPI_Comm& c : dups) {
       MPI_Request req = MPI_REQUEST_NULL;
@@ -106,13 +111,19 @@ class mpi_comm {
     const bool in_place = src == static_cast<const std::byte*>(dst) + block * static_cast<std::size_t>(rank_);
     if (detail::overlaps(src, block, dst, block * static_cast<std::size_t>(size_)) && !in_place)
       throw error(error_kind::usage, "all_gather: src overlaps dst other than as dst + rank() * count (in place)");
-    if (!begin(detail::collective::all_gather, count, t, reduce_op::sum, 0)) return;
-    const int n = as_int(count);
-    const MPI_Datatype mt = mpi_detail::type_of(t);
-    run(MPI_Iallgather(in_place ? MPI_IN_PLACE : src, n, mt, dst, n, mt, data_, &req_));
+    as_int(count);
+    number(detail::collective::all_gather, count, t, reduce_op::sum, 0);
+    auto* out = static_cast<std::byte*>(dst);
+    // Every peer gets this rank's block; peer q's block lands at out + q * block.
+    exchange_blocks(
+        block, count, t, [&](int) { return static_cast<const std::byte*>(src); },
+        [&](int q) { return out + static_cast<std::size_t>(q) * block; },
+        [&] {
+          if (!in_place && block != 0) std::memcpy(out + static_cast<std::size_t>(rank_) * block, src, block);
+        });
   }
 
-  // op: sum or average. Rank-order f32 reduction of the all-to-all'd blocks (see above).
+  // op: sum or average. Rank-order f32 reduction of the exchanged blocks (see above).
   void reduce_scatter(const void* src, void* dst, std::size_t count, dtype t, reduce_op op, comm_stream = {}) {
     ZSHARD_REQUIRE(op != reduce_op::max, error_kind::usage, "reduce_scatter supports sum and average, not max",
                    "use all_reduce with reduce_op::max");
@@ -121,12 +132,20 @@ class mpi_comm {
     if (detail::overlaps(src, block * static_cast<std::size_t>(size_), dst, block) &&
         dst != static_cast<const std::byte*>(src) + block * static_cast<std::size_t>(rank_))
       throw error(error_kind::usage, "reduce_scatter: dst overlaps src other than as src + rank() * count (in place)");
-    if (!begin(detail::collective::reduce_scatter, count, t, op, 0)) return;
-    const int n = as_int(count);
-    const MPI_Datatype mt = mpi_detail::type_of(t);
+    as_int(count);
+    number(detail::collective::reduce_scatter, count, t, op, 0);
+    const auto* in = static_cast<const std::byte*>(src);
     staging_.resize(block * static_cast<std::size_t>(size_));
-    run(MPI_Ialltoall(src, n, mt, staging_.data(), n, mt, data_, &req_));
-    reduce_staged(t, count, count, op, dst);
+    std::byte* staged = staging_.data();
+    // Peer q gets block q of src; block r of every rank is staged at q * block, in rank order.
+    exchange_blocks(
+        block, count, t, [&](int q) { return in + static_cast<std::size_t>(q) * block; },
+        [&](int q) { return staged + static_cast<std::size_t>(q) * block; },
+        [&] {
+          const std::size_t mine = static_cast<std::size_t>(rank_) * block;
+          if (block != 0) std::memcpy(staged + mine, in + mine, block);
+        });
+    if (count != 0) mpi_detail::reduce_staged(staged, size_, t, count, count, op, dst);
   }
 
   // src == dst is allowed. Rank r reduces slice r of an even split (thread_comm's split_range)
@@ -156,7 +175,8 @@ class mpi_comm {
     std::byte* reduced = staging_.data() + my_bytes * un;
     run(MPI_Ialltoallv(src, lens.data(), offs.data(), mt, staging_.data(), mine_lens.data(), mine_offs.data(), mt,
                        data_, &req_));
-    reduce_staged(t, static_cast<std::size_t>(my_len), static_cast<std::size_t>(my_len), op, reduced);
+    mpi_detail::reduce_staged(staging_.data(), size_, t, static_cast<std::size_t>(my_len),
+                              static_cast<std::size_t>(my_len), op, reduced);
     run(MPI_Iallgatherv(reduced, my_len, mt, dst, lens.data(), offs.data(), mt, data_, &req_));
   }
 
@@ -185,7 +205,7 @@ class mpi_comm {
                      "give every rank a group (color); a rank that wants no group can use a group of its own");
     const std::uint64_t split_seq = slot_.seq;  // the all_gather's number: the same on every rank
     MPI_Comm sub = MPI_COMM_NULL;
-    current_ = "split (MPI_Comm_split)";
+    phase_ = "split (MPI_Comm_split)";
     check(MPI_Comm_split(data_, color, key, &sub));  // every rank is known to be here
     try {
       mpi_comm out(sub, opts_);
@@ -215,7 +235,7 @@ class mpi_comm {
   std::vector<int> node_ids() {
     barrier();
     MPI_Comm shared = MPI_COMM_NULL;
-    current_ = "node_ids (MPI_Comm_split_type)";
+    phase_ = "node_ids (MPI_Comm_split_type)";
     check(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared));
     std::int32_t first = rank_;
     const int rc = MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT32_T, MPI_MIN, shared);
@@ -233,7 +253,7 @@ class mpi_comm {
     if (finished_) return;
     check_usable("finish");
     finished_ = true;
-    current_ = "finish (end-of-run handshake)";
+    phase_ = "finish (end-of-run handshake)";
     const auto un = static_cast<std::size_t>(size_);
     std::vector<MPI_Request> sends(un, MPI_REQUEST_NULL);
     const std::uint64_t mine = seq_;
@@ -264,7 +284,7 @@ class mpi_comm {
                  " ms waiting for rank(s) " + (missing.empty() ? std::string("(sends pending)") : missing) +
                  " to finish",
              "a rank that is still training, or hangs, keeps the others from ending");
-      mpi_detail::back_off(std::chrono::steady_clock::now() - start, opts_.spin);
+      mpi_detail::back_off(std::chrono::steady_clock::now() - start, spin_);
     }
   }
 
@@ -290,93 +310,93 @@ class mpi_comm {
                                          ": null buffer with count " + std::to_string(count));
   }
 
-  // Numbers the collective, checks every rank called the same one (check_arguments) and says
-  // whether there is data to move; a count of 0 still synchronises, as on threads.
-  bool begin(detail::collective kind, std::size_t count, dtype t, reduce_op op, int root) {
+  // Numbers the collective (and names it for messages); no communication.
+  void number(detail::collective kind, std::size_t count, dtype t, reduce_op op, int root) {
     check_usable(detail::to_string(kind));
     slot_ = detail::comm_slot{kind, seq_++, nullptr, nullptr, count, t, op, root};
     if (root_ != own_) root_->my_groups[group_id_] = seq_;  // what this rank's end-of-run notice says
-    current_ = detail::describe(slot_);
+    phase_ = nullptr;  // described only when a message needs it: a string per call costs a small one
+  }
+
+  // Numbers the collective, checks every rank called the same one (check_arguments) and says
+  // whether there is data to move; a count of 0 still synchronises, as on threads.
+  bool begin(detail::collective kind, std::size_t count, dtype t, reduce_op op, int root) {
+    number(kind, count, t, op, root);
     if (opts_.check_arguments) {
-      const mpi_detail::header h{slot_.seq,
-                                 count,
-                                 root,
-                                 static_cast<std::uint8_t>(kind),
-                                 static_cast<std::uint8_t>(t),
-                                 static_cast<std::uint8_t>(op),
-                                 0};
-      headers_.resize(static_cast<std::size_t>(size_));
-      run(MPI_Iallgather(&h, sizeof h, MPI_BYTE, headers_.data(), sizeof h, MPI_BYTE, data_, &req_));
-      std::string diff;
-      for (int q = 0; q < size_; ++q) {
-        const auto& o = headers_[static_cast<std::size_t>(q)];
-        const detail::comm_slot s{static_cast<detail::collective>(o.kind),
-                                  o.seq,
-                                  nullptr,
-                                  nullptr,
-                                  o.count,
-                                  static_cast<dtype>(o.type),
-                                  static_cast<reduce_op>(o.op),
-                                  o.root};
-        if (q == 0 || std::memcmp(&o, &headers_[0], sizeof o) != 0)
-          diff += (q == 0 ? "rank 0 called " : ", rank " + std::to_string(q) + " called ") + detail::describe(s);
-      }
-      if (diff.find(", rank ") != std::string::npos)
-        fail(std::string(detail::to_string(kind)) + " on rank " + std::to_string(rank_) +
-                 ": collective mismatch: " + diff,
-             "every rank must call the same collectives in the same order with the same count, dtype, op and root");
+      exchange_.start(data_, rank_, size_, first_message_bytes());
+      exchange_.post_first(mpi_detail::header_of(slot_), 0, nullptr, [this](int rc) { check(rc); });
+      finish_first_messages();
     } else if (count == 0 || kind == detail::collective::barrier) {
       run(MPI_Ibarrier(data_, &req_));
     }
     return count != 0 && kind != detail::collective::barrier;
   }
 
-  // Reduces `len` elements of each of size() staged blocks (block q at q * stride) in rank
-  // order into out, with thread_comm's kernel, one chunk at a time.
-  void reduce_staged(dtype t, std::size_t len, std::size_t stride, reduce_op op, void* out) const {
-    detail::visit_dtype(t, [&](auto tag) {
-      using T = decltype(tag);
-      const T* base = reinterpret_cast<const T*>(staging_.data());
-      T* o = static_cast<T*>(out);
-      for (std::size_t done = 0; done < len; done += detail::reduce_chunk) {
-        const std::size_t m = std::min(detail::reduce_chunk, len - done);
-        const auto src_of = [&](int q) { return base + static_cast<std::size_t>(q) * stride + done; };
-        if (m == detail::reduce_chunk)
-          detail::reduce_block<T, detail::reduce_chunk>(src_of, size_, m, op, o + done);
-        else
-          detail::reduce_block<T, 0>(src_of, size_, m, op, o + done);
-      }
-    });
+  // all_gather's and reduce_scatter's messages (mpi_exchange.hpp): `count` elements (`block`
+  // bytes) from send_to(q) to each peer q, and from each peer q into receive_at(q). The payload
+  // rides in the first message when it fits, otherwise in a data message posted first.
+  // local_copy() runs while the messages are in flight.
+  template <class SendTo, class ReceiveAt, class LocalCopy>
+  void exchange_blocks(std::size_t block, std::size_t count, dtype t, SendTo&& send_to, ReceiveAt&& receive_at,
+                       LocalCopy&& local_copy) {
+    const bool inline_payload = mpi_detail::header_room + block <= first_message_bytes();
+    const auto checked = [this](int rc) { check(rc); };
+    exchange_.start(data_, rank_, size_, first_message_bytes());
+    if (!inline_payload)  // count: checked by the caller (as_int)
+      exchange_.post_data(static_cast<int>(count), mpi_detail::type_of(t), send_to, receive_at, checked);
+    exchange_.post_first(mpi_detail::header_of(slot_), inline_payload ? block : 0, send_to, checked);
+    local_copy();
+    finish_first_messages();
+    if (!inline_payload) return wait_all(exchange_.data);
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && block != 0) std::memcpy(receive_at(q), exchange_.payload_from(q), block);
+  }
+
+  std::size_t first_message_bytes() const { return std::max(opts_.inline_bytes, mpi_detail::header_room); }
+
+  // Waits for the first messages and fails, on every rank alike, if any rank called another
+  // collective or passed other arguments.
+  void finish_first_messages() {
+    wait_all(exchange_.first);
+    exchange_.first.clear();
+    const std::string diff = exchange_.mismatch(mpi_detail::header_of(slot_));
+    if (!diff.empty())
+      fail(std::string(detail::to_string(slot_.kind)) + " on rank " + std::to_string(rank_) +
+               ": collective mismatch: " + diff,
+           "every rank must call the same collectives in the same order with the same count, dtype, op and root");
   }
 
   void check(int rc) {
     if (rc != MPI_SUCCESS)
-      fail(current_ + " on rank " + std::to_string(rank_) + ": " + mpi_detail::error_string(rc),
+      fail(current() + " on rank " + std::to_string(rank_) + ": " + mpi_detail::error_string(rc),
            "an MPI call failed: a peer process may have died or the network dropped");
   }
   void run(int rc) {
     check(rc);
     wait(req_);
   }
+  void wait(MPI_Request& req) { wait_all(std::span<MPI_Request>(&req, 1)); }
 
-  // Polls `req` to completion, failing on the timeout or when a peer has ended its run
+  // Polls `requests` to completion, failing on the timeout or when a peer has ended its run
   // without joining this collective.
-  void wait(MPI_Request& req) {
+  void wait_all(std::span<MPI_Request> requests) {
     const auto start = std::chrono::steady_clock::now();
     for (int spins = 0;; ++spins) {
       int done = 0;
-      check(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
       if (done) return;
-      if (ctrl_ != MPI_COMM_NULL && spins % 64 == 0) poll_notices(slot_.seq);
-      if (root_ != own_ && spins % 64 == 0) poll_group_notices();
+      // Not on the first spins: a small collective is done by then, and each poll costs it
+      // probes of the control channel.
+      if (ctrl_ != MPI_COMM_NULL && spins % 64 == 63) poll_notices(slot_.seq);
+      if (root_ != own_ && spins % 64 == 63) poll_group_notices();
       const auto waited = std::chrono::steady_clock::now() - start;
       if (waited > opts_.timeout) {
-        fail(current_ + " on rank " + std::to_string(rank_) + " timed out after " +
+        fail(current() + " on rank " + std::to_string(rank_) + " timed out after " +
                  std::to_string(opts_.timeout.count()) + " ms: " + where_are_peers(),
              "every rank must call the same collectives in the same order; a rank that skipped one, hangs or "
              "died stops the others. Raise mpi_options::timeout only if ranks are legitimately slow");
       }
-      mpi_detail::back_off(waited, opts_.spin);
+      mpi_detail::back_off(waited, spin_);
     }
   }
 
@@ -389,7 +409,7 @@ class mpi_comm {
     for (int q = 0; q < size_; ++q) {
       const std::int64_t d = own_->peer_done[static_cast<std::size_t>(q)];
       if (d >= 0 && static_cast<std::uint64_t>(d) <= waiting_seq)
-        fail(current_ + " on rank " + std::to_string(rank_) + ": rank " + std::to_string(q) +
+        fail(current() + " on rank " + std::to_string(rank_) + ": rank " + std::to_string(q) +
                  " returned (ended its run) after " + std::to_string(d) + " collectives without joining this one",
              "every rank must call the same collectives; a rank that returns early stops the others");
     }
@@ -400,7 +420,7 @@ class mpi_comm {
     check(mpi_detail::receive_done_notices(*root_));
     const std::string gone = mpi_detail::member_gone(*root_, group_id_, root_rank_, slot_.seq);
     if (!gone.empty())
-      fail(current_ + " on rank " + std::to_string(rank_) + " of a split group: " + gone,
+      fail(current() + " on rank " + std::to_string(rank_) + " of a split group: " + gone,
            "every rank must call the same collectives; a rank that returns early stops the others");
   }
 
@@ -427,17 +447,18 @@ class mpi_comm {
     rank_ = o.rank_;
     size_ = o.size_;
     opts_ = o.opts_;
+    spin_ = o.spin_;
     seq_ = o.seq_;
     slot_ = o.slot_;
     finished_ = o.finished_;
     failed_ = std::move(o.failed_);
-    current_ = std::move(o.current_);
+    phase_ = o.phase_;
     own_ = std::move(o.own_);
     root_ = std::move(o.root_);
     group_id_ = o.group_id_;
     root_rank_ = std::move(o.root_rank_);
     staging_ = std::move(o.staging_);
-    headers_ = std::move(o.headers_);
+    exchange_ = std::move(o.exchange_);
     probes_ = std::move(o.probes_);
   }
   // A failed communicator may have a request in flight: it is left to the MPI_Abort that follows.
@@ -454,10 +475,13 @@ class mpi_comm {
   MPI_Request req_ = MPI_REQUEST_NULL;
   int rank_ = 0, size_ = 1;
   mpi_options opts_{};
+  std::chrono::microseconds spin_{};  // opts_.spin, or none on an oversubscribed node
   std::uint64_t seq_ = 0;
   detail::comm_slot slot_{};
   bool finished_ = false;
-  std::string failed_, current_;
+  std::string failed_;
+  const char* phase_ = nullptr;  // what this rank does outside a collective (messages); nullptr: slot_
+  std::string current() const { return phase_ ? std::string(phase_) : detail::describe(slot_); }
   // This communicator's end-of-run notices (its control channel) and, for a split's group, its
   // root's (where the notices of the group's members arrive), the group's id and each member's
   // rank in the root (mpi_control.hpp). A root's root_ is its own_.
@@ -465,8 +489,8 @@ class mpi_comm {
   std::uint64_t group_id_ = 0;
   std::vector<int> root_rank_;
   std::vector<std::byte> staging_;
-  std::vector<mpi_detail::header> headers_;
-  mpi_detail::probes probes_;  // the timeout's questions and answers (mpi_control.hpp)
+  mpi_detail::peer_exchange exchange_;  // this collective's point-to-point messages (mpi_exchange.hpp)
+  mpi_detail::probes probes_;           // the timeout's questions and answers (mpi_control.hpp)
 };
 
 static_assert(check_communicator<mpi_comm>());

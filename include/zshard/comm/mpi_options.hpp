@@ -3,7 +3,9 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -14,10 +16,20 @@ namespace zshard {
 
 struct mpi_options {
   std::chrono::milliseconds timeout = default_comm_timeout;  // per collective, and for construction
-  bool check_arguments = true;  // all-gather each collective's arguments first (mpi_comm.hpp)
+  // Exchange each collective's arguments before its data (mpi_comm.hpp). all_gather and
+  // reduce_scatter always carry them with their own messages, at no extra round, checked either way.
+  bool check_arguments = true;
+  // A collective's first message to each peer (its header, and its payload when that fits) is at
+  // most this long; a larger payload follows in a message of its own (mpi_exchange.hpp). Open
+  // MPI's shared-memory transport sends up to 4 KiB eagerly. The same on every rank; each
+  // communicator keeps two buffers of size() * inline_bytes.
+  std::size_t inline_bytes = 4096;
   // How long a wait polls MPI without yielding the core. MPI moves a large message one
   // fragment per poll, so a yield (a whole time slice on a loaded machine) per poll slows it;
-  // but with more processes than cores a spinning waiter takes the core its peer needs.
+  // but with more processes than cores a spinning waiter takes the core its peer needs: where
+  // the launcher says this node runs more ranks than it has hardware threads
+  // (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS), mpi_comm yields at once, as Open MPI's own
+  // waits do when oversubscribed.
   std::chrono::microseconds spin{1000};
 };
 
@@ -36,6 +48,17 @@ struct header {
   std::int32_t root;
   std::uint8_t kind, type, op, pad;
 };
+// How many ranks the launcher started on this node (0: it does not say).
+inline unsigned launcher_local_ranks() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(name)) return static_cast<unsigned>(std::strtoul(v, nullptr, 10));
+  return 0;
+}
+// The spin a wait may use: none where this node's ranks outnumber its hardware threads.
+inline std::chrono::microseconds spin_for_node(std::chrono::microseconds spin) {
+  const unsigned local = launcher_local_ranks(), cores = std::thread::hardware_concurrency();
+  return local != 0 && cores != 0 && local > cores ? std::chrono::microseconds(0) : spin;
+}
 // MPI progresses a transfer only inside MPI calls (MPI_Test here), one fragment at a time: a
 // sleeping poller throttles a large collective to a fragment per sleep (measured: 4 MiB
 // all_gather 50x slower with 20 us sleeps). So spin (mpi_options::spin), then yield, as
