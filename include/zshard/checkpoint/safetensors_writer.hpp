@@ -72,14 +72,22 @@ class safetensors_writer {
     if (n == 0) return;
     file_.write_all(data, n);
     crc_.update(data, n);
+    // The device writes what is done while the rest is copied and checksummed, instead of all
+    // of it in finish()'s fsync.
+    if (file_.written() - handed_to_device_ >= writeback_step) {
+      file_.start_writeback(handed_to_device_, file_.written() - handed_to_device_);
+      handed_to_device_ = file_.written();
+    }
   }
 
+  static constexpr std::uint64_t writeback_step = std::uint64_t{8} << 20;
   std::vector<planned_tensor> tensors_;
   std::vector<std::uint64_t> offsets_;
   file_handle file_;
   crc32c crc_;
   std::size_t current_ = 0;
   std::uint64_t in_tensor_ = 0;
+  std::uint64_t handed_to_device_ = 0;  // bytes start_writeback() was asked for so far
 };
 
 }  // namespace zshard::checkpoint
