@@ -20,13 +20,13 @@ class buffer {
  public:
   buffer() = default;
   buffer(Backend& b, dtype type, std::size_t numel, mem_category c)
-      : backend_(&b), type_(type), numel_(numel), category_(c) {
+      : backend_(&b), numel_(numel), type_(type), category_(c) {
     checked_mul(numel, size_of(type), "buffer bytes");
     data_ = b.allocate(bytes(), c);
   }
   template <class Stream>
   buffer(Backend& b, dtype type, std::size_t numel, mem_category c, Stream& s)
-      : backend_(&b), type_(type), numel_(numel), category_(c) {
+      : backend_(&b), numel_(numel), type_(type), category_(c) {
     checked_mul(numel, size_of(type), "buffer bytes");
     if constexpr (requires { b.allocate(bytes(), c, s); })
       data_ = b.allocate(bytes(), c, s);
@@ -35,11 +35,19 @@ class buffer {
   }
   buffer(const buffer&) = delete;
   buffer& operator=(const buffer&) = delete;
-  buffer(buffer&& o) noexcept { swap(o); }
+  buffer(buffer&& o) noexcept
+      : backend_(o.backend_), data_(o.data_), numel_(o.numel_), type_(o.type_), category_(o.category_) {
+    o.forget();
+  }
   buffer& operator=(buffer&& o) noexcept {
     if (this != &o) {
       reset();
-      swap(o);
+      backend_ = o.backend_;
+      data_ = o.data_;
+      numel_ = o.numel_;
+      type_ = o.type_;
+      category_ = o.category_;
+      o.forget();
     }
     return *this;
   }
@@ -47,9 +55,7 @@ class buffer {
 
   void reset() noexcept {
     if (backend_) backend_->deallocate(data_, bytes(), category_);
-    backend_ = nullptr;
-    data_ = nullptr;
-    numel_ = 0;
+    forget();
   }
 
   // Frees in the order of s: every use of the buffer must be ordered before this point of s.
@@ -57,9 +63,7 @@ class buffer {
   void reset_on(Stream& s) noexcept {
     if constexpr (requires { backend_->deallocate(data_, bytes(), category_, s); }) {
       if (backend_) backend_->deallocate(data_, bytes(), category_, s);
-      backend_ = nullptr;
-      data_ = nullptr;
-      numel_ = 0;
+      forget();
     } else {
       reset();
     }
@@ -75,18 +79,17 @@ class buffer {
   explicit operator bool() const noexcept { return backend_ != nullptr; }
 
  private:
-  void swap(buffer& o) noexcept {
-    std::swap(backend_, o.backend_);
-    std::swap(data_, o.data_);
-    std::swap(type_, o.type_);
-    std::swap(numel_, o.numel_);
-    std::swap(category_, o.category_);
+  void forget() noexcept {  // owns nothing now (the bytes went back, or moved to another buffer)
+    backend_ = nullptr;
+    data_ = nullptr;
+    numel_ = 0;
   }
 
+  // 32 bytes: the engine keeps three per parameter, and its per-scope work reads them.
   Backend* backend_ = nullptr;
   void* data_ = nullptr;
-  dtype type_ = dtype::f32;
   std::size_t numel_ = 0;
+  dtype type_ = dtype::f32;
   mem_category category_ = mem_category::scratch;
 };
 

@@ -59,9 +59,10 @@ class residency {
   void open(module_id m, const std::vector<param_id>& ahead, collective_tag tag) {
     bool pinned = false;
     try {
-      make_room(m, ahead);
-      tag.use = collective_use::gather;
-      gather_group(params(m), tag, [](param_id) { return true; });
+      if (make_room(m, ahead)) {  // (usually all gathered ahead already)
+        tag.use = collective_use::gather;
+        gather_group(params(m), tag, [](param_id) { return true; });
+      }
       for (param_id p : params(m)) ++entries_[p].pins;
       pinned = true;
       check_live_budget(m);
@@ -92,7 +93,8 @@ class residency {
     }
     // Only an oversized module's scope leaves more than max_live_numel behind: the budget
     // binds again as soon as it stops executing (I5).
-    evict_until(0, {}, {});
+    if (store_.resident_numel() > cfg_.max_live_numel) [[unlikely]]
+      evict_until(0, {}, {});
   }
 
   // End of backward (I3): no hold survives it.
@@ -108,7 +110,25 @@ class residency {
     }
   }
 
-  // I5 cross-check: the resident figure recomputed by scanning every parameter.
+  // I5 cross-check: the resident figure against the gathered buffers that exist. Each member of
+  // the gathered set holds its buffer and the figure is their sum; the ledger then proves that
+  // no gathered buffer lives outside the set (its gathered_params bytes equal the set's), so a
+  // check costs the set, not the model. Only when the ledger holds more (another engine on the
+  // same backend, or a leak) is every parameter scanned.
+  bool resident_consistent() const {
+    std::size_t numel = 0, bytes = 0;
+    for (param_id p : store_.gathered_set()) {
+      const auto& g = store_[p].gathered();
+      if (!g) return false;
+      numel += store_[p].layout.padded_numel;
+      bytes += g.bytes();
+    }
+    if (numel != store_.resident_numel()) return false;
+    return bytes == store_.backend().ledger().current(mem_category::gathered_params) ||
+           resident_by_scan() == store_.resident_numel();
+  }
+
+  // The resident figure recomputed by scanning every parameter.
   std::size_t resident_by_scan() const {
     std::size_t n = 0;
     for (param_id p = 0; p < store_.size(); ++p)
@@ -198,7 +218,7 @@ class residency {
   }
 
   void mark_issued() {
-    if (issued_.empty()) return;
+    if (issued_.empty() || !store_.streams().overlapped()) return;  // one stream: nothing to wait for
     const auto done = store_.streams().mark_now(stream_role::gather);
     for (param_id p : issued_) entries_[p].gather_done = done;
   }
@@ -243,11 +263,17 @@ class residency {
   // under max_live_numel, or nothing is left to evict: first those not held and not wanted
   // soon, then those the Prefetcher asked for just now, last those under a preferred hold (see
   // the header comment). m's own stay.
-  void make_room(module_id m, const std::vector<param_id>& ahead) {
+  // Returns whether any of m's parameters is not gathered.
+  bool make_room(module_id m, const std::vector<param_id>& ahead) {
     std::size_t needed = 0;
+    bool missing = false;
     for (param_id p : params(m))
-      if (!store_[p].is_gathered()) needed += store_[p].layout.padded_numel;
-    evict_until(needed, params(m), ahead);
+      if (!store_[p].is_gathered()) {
+        needed += store_[p].layout.padded_numel;
+        missing = true;
+      }
+    if (store_.resident_numel() + needed > cfg_.max_live_numel) evict_until(needed, params(m), ahead);
+    return missing;
   }
 
   // make_room's eviction: until `needed` more elements fit under max_live_numel, never `own`.

@@ -112,7 +112,7 @@ class scope_lifecycle {
     auto& compute = e.store_.streams().on(stream_role::compute);
     for (param_id p : e.spec_.modules()[m].params) {  // m checked by enter
       auto& s = e.store_[p];
-      if (!s.spec->trainable || s.full_grad) continue;
+      if (!e.ctl_.trainable[p] || s.full_grad) continue;
       s.full_grad =
           buffer<backend_type>(e.backend_, dtype::f32, s.layout.padded_numel, mem_category::grad_buckets, compute);
       e.made_grads_.push_back(p);
