@@ -53,20 +53,16 @@ class buffer {
   }
   ~buffer() { reset(); }
 
+  // (An empty buffer is reset at every move and destruction: that test stays inline, the
+  // freeing is a call.)
   void reset() noexcept {
-    if (backend_) backend_->deallocate(data_, bytes(), category_);
-    forget();
+    if (backend_) free_now();
   }
 
   // Frees in the order of s: every use of the buffer must be ordered before this point of s.
   template <class Stream>
   void reset_on(Stream& s) noexcept {
-    if constexpr (requires { backend_->deallocate(data_, bytes(), category_, s); }) {
-      if (backend_) backend_->deallocate(data_, bytes(), category_, s);
-      forget();
-    } else {
-      reset();
-    }
+    if (backend_) free_on(s);
   }
 
   void* data() const noexcept { return data_; }
@@ -79,6 +75,19 @@ class buffer {
   explicit operator bool() const noexcept { return backend_ != nullptr; }
 
  private:
+  [[gnu::noinline]] void free_now() noexcept {
+    backend_->deallocate(data_, bytes(), category_);
+    forget();
+  }
+  template <class Stream>
+  [[gnu::noinline]] void free_on(Stream& s) noexcept {
+    if constexpr (requires { backend_->deallocate(data_, bytes(), category_, s); })
+      backend_->deallocate(data_, bytes(), category_, s);
+    else
+      backend_->deallocate(data_, bytes(), category_);
+    forget();
+  }
+
   void forget() noexcept {  // owns nothing now (the bytes went back, or moved to another buffer)
     backend_ = nullptr;
     data_ = nullptr;

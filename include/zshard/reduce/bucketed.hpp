@@ -39,7 +39,7 @@ class bucketed_reducer {
     const auto& s = store_[p];
     if (!s.full_grad) return;  // no backward wrote to it this micro-batch: nothing to reduce
     const std::size_t n = s.layout.padded_numel;
-    if (!(packed_.empty() && pending_.empty()) && pending_numel_ + n > bucket_numel_) flush(sink);
+    if (pending_numel_ + n > bucket_numel_ && !(packed_.empty() && pending_.empty())) flush(sink);
     // Sorted here, while p's state is in cache: a flush then walks each list once.
     (packable(p) ? packed_ : pending_).push_back(p);
     pending_numel_ += n;
