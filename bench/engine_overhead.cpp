@@ -87,6 +87,16 @@ int main(int argc, char** argv) {
   std::printf("engine_backward_scope_ns: %.1f\n", now.front().backward_ns);
   std::printf("engine_per_module_ns_%d: %.1f\n", sizes.back(), now.back().per_module_ns());
   std::printf("engine_per_module_growth: %.2f\n", now.back().per_module_ns() / now.front().per_module_ns());
+  // The bound: the largest over the smallest of the sizes, per scope (forward, backward),
+  // the end of backward per module, and the sum; the worst of them.
+  double worst = 0;
+  for (double engine_overhead_figures::*f : {&engine_overhead_figures::forward_ns, &engine_overhead_figures::backward_ns,
+                                              &engine_overhead_figures::ends_ns}) {
+    double lo = 1e300, hi = 0;
+    for (const auto& s : now) lo = std::min(lo, s.*f), hi = std::max(hi, s.*f);
+    worst = std::max(worst, hi / lo);
+  }
+  std::printf("engine_worst_growth: %.2f\n", worst);
   std::printf("engine_step_per_module_growth: %.2f\n", now.back().step_ns / now.front().step_ns);
   if (builds.size() > 1) {
     const auto& old = builds.back().best;

@@ -51,24 +51,24 @@ class residency {
   // A scope of m opens: make room, gather and pin m's parameters, check the budget, make
   // compute wait for their gathers (those issued now, or ahead earlier), then gather what the
   // Prefetcher asked for ahead while it fits. Each set of gathers is launched as one group
-  // where the communicator can; each gather carries `tag` (the scope's identity) with its
+  // where the communicator can; each gather carries `context` (the scope's identity) with its
   // parameter, so ranks gathering different things fail instead of mixing them (I9).
   //
   // Exception-safe: if anything fails (the live budget, an allocation), m's pins are undone and
   // what this call gathered for m is released, so the engine stays usable.
-  void open(module_id m, const std::vector<param_id>& ahead, collective_tag tag) {
+  // (`context` by reference: the engine has just written it, and a copy taken at the call
+  // would read it back before the stores land, a stall per scope.)
+  void open(module_id m, const std::vector<param_id>& ahead, const collective_tag& context) {
     bool pinned = false;
     try {
       if (make_room(m, ahead)) {  // (usually all gathered ahead already)
-        tag.use = collective_use::gather;
-        gather_group(params(m), tag, [](param_id) { return true; });
+        gather_group(params(m), context, collective_use::gather, [](param_id) { return true; });
       }
       for (param_id p : params(m)) ++entries_[p].pins;
       pinned = true;
       check_live_budget(m);
       for (param_id p : params(m)) await_gather(p);
-      tag.use = collective_use::gather_ahead;
-      gather_group(ahead, tag, [&](param_id q) {
+      gather_group(ahead, context, collective_use::gather_ahead, [&](param_id q) {
         return store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.max_live_numel;
       });
     } catch (...) {
@@ -179,7 +179,10 @@ class residency {
   // enqueued after it. When a collective fails, the ones issued before it keep their mark
   // (their buffers are freed on compute after waiting for it) and the rest go back to sharded.
   template <class Admit>
-  void gather_group(const std::vector<param_id>& wanted, collective_tag tag, Admit&& admit) {
+  // (The tag is built per gather from `context` and `use`: a tag passed by value is copied
+  // through the stack right after its fields were written, a stalled load per scope.)
+  void gather_group(const std::vector<param_id>& wanted, const collective_tag& context, collective_use use,
+                    Admit&& admit) {
     issued_.clear();
     begun_.clear();
     try {
@@ -198,6 +201,8 @@ class residency {
       grouped(comm_, [&] {
         for (param_id p : begun_) {
           auto& s = store_[p];
+          collective_tag tag = context;
+          tag.use = use;
           tag.param = p;
           const void* src = store_.gather_source(p, stream_role::gather);  // staged when offloaded
           tagged::all_gather(comm_, src, s.gathered().data(), s.layout.shard_numel, s.type,

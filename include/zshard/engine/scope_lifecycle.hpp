@@ -36,7 +36,7 @@ class scope_lifecycle {
     const auto saved = e.fp_.save();
     e.fp_.on_scope(m, kind, is_backward);
     controls::count_scope(e);
-    e.store_.collective_context = e.fp_.tag(collective_use::gather, m);
+    e.fp_.write_tag(e.store_.collective_context, collective_use::gather, m);
     e.made_grads_.clear();
     int stage = 0;  // 1: the Prefetcher saw the scope, 2: the residency opened it
     try {
