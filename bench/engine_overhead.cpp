@@ -35,8 +35,8 @@ std::string cpu_model() {
 }
 
 engine_overhead_figures best_of(const engine_overhead_figures& a, const engine_overhead_figures& b) {
-  return {std::min(a.forward_ns, b.forward_ns), std::min(a.backward_ns, b.backward_ns),
-          std::min(a.ends_ns, b.ends_ns), std::min(a.step_ns, b.step_ns)};
+  return {std::min(a.forward_ns, b.forward_ns), std::min(a.backward_ns, b.backward_ns), std::min(a.ends_ns, b.ends_ns),
+          std::min(a.step_ns, b.step_ns)};
 }
 
 struct build {
@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
 
   std::printf("engine bookkeeping, ns per module (2 parameters each; phantom backend, 8 ranks, default policies)\n");
   std::printf("CPU: %s; thread CPU time, best of %d interleaved rounds\n\n", cpu_model().c_str(), rounds);
-  std::printf("%9s  %-10s %9s %9s %13s %9s %11s %9s\n", "modules", "headers", "forward", "backward",
-              "begin+end_bw", "per_mod", "step/module", "growth");
+  std::printf("%9s  %-10s %9s %9s %13s %9s %11s %9s\n", "modules", "headers", "forward", "backward", "begin+end_bw",
+              "per_mod", "step/module", "growth");
   for (auto& b : builds)
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       const auto& f = b.best[i];
@@ -90,8 +90,9 @@ int main(int argc, char** argv) {
   // The bound: the largest over the smallest of the sizes, per scope (forward, backward),
   // the end of backward per module, and the sum; the worst of them.
   double worst = 0;
-  for (double engine_overhead_figures::*f : {&engine_overhead_figures::forward_ns, &engine_overhead_figures::backward_ns,
-                                              &engine_overhead_figures::ends_ns}) {
+  for (double engine_overhead_figures::*f :
+       {&engine_overhead_figures::forward_ns, &engine_overhead_figures::backward_ns,
+        &engine_overhead_figures::ends_ns}) {
     double lo = 1e300, hi = 0;
     for (const auto& s : now) lo = std::min(lo, s.*f), hi = std::max(hi, s.*f);
     worst = std::max(worst, hi / lo);
@@ -101,7 +102,8 @@ int main(int argc, char** argv) {
   if (builds.size() > 1) {
     const auto& old = builds.back().best;
     // this tree over the old headers, per scope (in cache: the smallest model) and per module
-    std::printf("engine_forward_scope_vs_%s: %.2f\n", builds.back().name, now.front().forward_ns / old.front().forward_ns);
+    std::printf("engine_forward_scope_vs_%s: %.2f\n", builds.back().name,
+                now.front().forward_ns / old.front().forward_ns);
     std::printf("engine_backward_scope_vs_%s: %.2f\n", builds.back().name,
                 now.front().backward_ns / old.front().backward_ns);
     std::printf("engine_per_module_vs_%s_%d: %.2f\n", builds.back().name, sizes.back(),

@@ -218,7 +218,7 @@ class param_store {
       throw_bad_transition(s, transition);
   }
   [[noreturn, gnu::cold, gnu::noinline]] static void throw_bad_transition(const param_slot<Backend>& s,
-                                                                        const char* transition) {
+                                                                          const char* transition) {
     throw error(error_kind::invariant, std::string(transition) + " of parameter '" + s.spec->name + "' in state " +
                                            std::string(to_string(s.state_)) +
                                            (s.layout.replicated ? " (replicated)" : ""));
