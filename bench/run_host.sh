@@ -22,7 +22,8 @@ if [ ! -d "$bench_dir" ]; then
 fi
 
 # name and arguments of each host bench (checkpoint_io has no --quick: fewer parameters instead)
-benches=("host_adam $quick" "comm_bandwidth $quick" "example_throughput $quick" "offload_tiers $quick")
+benches=("host_adam $quick" "comm_bandwidth $quick" "example_throughput $quick" "offload_tiers $quick"
+         "engine_overhead $quick")
 if [ -n "$quick" ]; then benches+=("checkpoint_io --params-m 4 --repeats 2"); else benches+=("checkpoint_io"); fi
 
 figures=""

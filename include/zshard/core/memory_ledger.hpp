@@ -76,22 +76,14 @@ class memory_ledger {
 
   // Accounts `bytes` more in category `c`; throws error_kind::budget and changes nothing when
   // the total would exceed the budget.
+  // (Every gather, release and gradient passes here: the checks are inline, their messages
+  // out of line.)
   void charge(mem_category c, std::size_t bytes) {
     std::size_t new_total;
     if (__builtin_add_overflow(total_, bytes, &new_total)) [[unlikely]]
-      throw error(error_kind::budget,
-                  name_ + ": request of " + std::to_string(bytes) + " bytes for " + std::string(to_string(c)) +
-                      " overflows the byte count (in use " + std::to_string(total_) + ")",
-                  "a size computation upstream is wrong: no allocation is this large");
-    if (budget_ && new_total > *budget_) {
-      std::ostringstream os;
-      os << name_ << ": request of " << bytes << " bytes (" << format_bytes(double(bytes)) << ") for "
-         << to_string(c) << " exceeds the budget of " << *budget_ << " bytes (" << format_bytes(double(*budget_))
-         << "); in use " << total_ << " bytes (" << format_bytes(double(total_)) << "), of which " << to_string(c)
-         << " " << current_[index(c)] << " bytes";
-      throw error(error_kind::budget, os.str(),
-                  "raise the memory budget, or lower max_live_numel / reduce_bucket_numel / micro-batch size");
-    }
+      throw_overflow(c, bytes);
+    if (budget_ && new_total > *budget_) [[unlikely]]
+      throw_over_budget(c, bytes);
     std::size_t& cur = current_[index(c)];
     cur += bytes;
     if (cur > peak_[index(c)]) peak_[index(c)] = cur;
@@ -106,10 +98,8 @@ class memory_ledger {
   // Returns `bytes` in category `c`. Returning more than is accounted is a bookkeeping bug.
   void release(mem_category c, std::size_t bytes) {
     std::size_t& cur = current_[index(c)];
-    if (bytes > cur) {
-      throw error(error_kind::invariant, name_ + ": release of " + std::to_string(bytes) + " bytes from " +
-                                             std::string(to_string(c)) + " which holds only " + std::to_string(cur));
-    }
+    if (bytes > cur) [[unlikely]]
+      throw_over_release(c, bytes);
     cur -= bytes;
     total_ -= bytes;
     if (observer_.p) [[unlikely]] observer_.p->on_ledger_change(*this);
@@ -153,6 +143,27 @@ class memory_ledger {
 
  private:
   static constexpr std::size_t index(mem_category c) noexcept { return static_cast<std::size_t>(c); }
+
+  [[noreturn, gnu::cold, gnu::noinline]] void throw_overflow(mem_category c, std::size_t bytes) const {
+    throw error(error_kind::budget,
+                name_ + ": request of " + std::to_string(bytes) + " bytes for " + std::string(to_string(c)) +
+                    " overflows the byte count (in use " + std::to_string(total_) + ")",
+                "a size computation upstream is wrong: no allocation is this large");
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void throw_over_budget(mem_category c, std::size_t bytes) const {
+    std::ostringstream os;
+    os << name_ << ": request of " << bytes << " bytes (" << format_bytes(double(bytes)) << ") for " << to_string(c)
+       << " exceeds the budget of " << *budget_ << " bytes (" << format_bytes(double(*budget_)) << "); in use "
+       << total_ << " bytes (" << format_bytes(double(total_)) << "), of which " << to_string(c) << " "
+       << current_[index(c)] << " bytes";
+    throw error(error_kind::budget, os.str(),
+                "raise the memory budget, or lower max_live_numel / reduce_bucket_numel / micro-batch size");
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void throw_over_release(mem_category c, std::size_t bytes) const {
+    throw error(error_kind::invariant, name_ + ": release of " + std::to_string(bytes) + " bytes from " +
+                                           std::string(to_string(c)) + " which holds only " +
+                                           std::to_string(current_[index(c)]));
+  }
 
   std::string name_;
   std::optional<std::size_t> budget_;

@@ -454,7 +454,10 @@ class engine {
   rank_agreement<Backend, Comm> agreement_;
   schedule_fingerprint fp_;
   scope_registry<scope> scopes_;
-  std::vector<param_id> made_grads_;  // gradient buffers made by the scope being opened
+  // Gradient buffers made by the scope being opened: the first made_count_ entries (the vector
+  // only grows, to the largest module's parameter count, so a backward scope appends by index).
+  std::vector<param_id> made_grads_;
+  std::size_t made_count_ = 0;
   std::string abandoned_;  // the scope left by an exception, until discard_gradients()
   optim::loss_scaler scaler_;
   training_control_state ctl_;  // parameter groups, gradient sync, kept modules, passes

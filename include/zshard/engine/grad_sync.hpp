@@ -35,7 +35,7 @@ class grad_sync {
       unsynced_[p] = true;
       return;
     }
-    unsynced_[p] = false;  // reduced now with what earlier micro-batches left in it
+    if (!held_.empty()) unsynced_[p] = false;  // reduced now with what earlier micro-batches left in it
     reduce(p);
   }
 

@@ -51,23 +51,24 @@ class residency {
   // A scope of m opens: make room, gather and pin m's parameters, check the budget, make
   // compute wait for their gathers (those issued now, or ahead earlier), then gather what the
   // Prefetcher asked for ahead while it fits. Each set of gathers is launched as one group
-  // where the communicator can; each gather carries `tag` (the scope's identity) with its
+  // where the communicator can; each gather carries `context` (the scope's identity) with its
   // parameter, so ranks gathering different things fail instead of mixing them (I9).
   //
   // Exception-safe: if anything fails (the live budget, an allocation), m's pins are undone and
   // what this call gathered for m is released, so the engine stays usable.
-  void open(module_id m, const std::vector<param_id>& ahead, collective_tag tag) {
+  // (`context` by reference: the engine has just written it, and a copy taken at the call
+  // would read it back before the stores land, a stall per scope.)
+  void open(module_id m, const std::vector<param_id>& ahead, const collective_tag& context) {
     bool pinned = false;
     try {
-      make_room(m, ahead);
-      tag.use = collective_use::gather;
-      gather_group(params(m), tag, [](param_id) { return true; });
+      if (make_room(m, ahead)) {  // (usually all gathered ahead already)
+        gather_group(params(m), context, collective_use::gather, [](param_id) { return true; });
+      }
       for (param_id p : params(m)) ++entries_[p].pins;
       pinned = true;
       check_live_budget(m);
       for (param_id p : params(m)) await_gather(p);
-      tag.use = collective_use::gather_ahead;
-      gather_group(ahead, tag, [&](param_id q) {
+      gather_group(ahead, context, collective_use::gather_ahead, [&](param_id q) {
         return store_.resident_numel() + store_[q].layout.padded_numel <= cfg_.max_live_numel;
       });
     } catch (...) {
@@ -92,7 +93,8 @@ class residency {
     }
     // Only an oversized module's scope leaves more than max_live_numel behind: the budget
     // binds again as soon as it stops executing (I5).
-    evict_until(0, {}, {});
+    if (store_.resident_numel() > cfg_.max_live_numel) [[unlikely]]
+      evict_until(0, {}, {});
   }
 
   // End of backward (I3): no hold survives it.
@@ -108,7 +110,25 @@ class residency {
     }
   }
 
-  // I5 cross-check: the resident figure recomputed by scanning every parameter.
+  // I5 cross-check: the resident figure against the gathered buffers that exist. Each member of
+  // the gathered set holds its buffer and the figure is their sum; the ledger then proves that
+  // no gathered buffer lives outside the set (its gathered_params bytes equal the set's), so a
+  // check costs the set, not the model. Only when the ledger holds more (another engine on the
+  // same backend, or a leak) is every parameter scanned.
+  bool resident_consistent() const {
+    std::size_t numel = 0, bytes = 0;
+    for (param_id p : store_.gathered_set()) {
+      const auto& g = store_[p].gathered();
+      if (!g) return false;
+      numel += store_[p].layout.padded_numel;
+      bytes += g.bytes();
+    }
+    if (numel != store_.resident_numel()) return false;
+    return bytes == store_.backend().ledger().current(mem_category::gathered_params) ||
+           resident_by_scan() == store_.resident_numel();
+  }
+
+  // The resident figure recomputed by scanning every parameter.
   std::size_t resident_by_scan() const {
     std::size_t n = 0;
     for (param_id p = 0; p < store_.size(); ++p)
@@ -159,7 +179,10 @@ class residency {
   // enqueued after it. When a collective fails, the ones issued before it keep their mark
   // (their buffers are freed on compute after waiting for it) and the rest go back to sharded.
   template <class Admit>
-  void gather_group(const std::vector<param_id>& wanted, collective_tag tag, Admit&& admit) {
+  // (The tag is built per gather from `context` and `use`: a tag passed by value is copied
+  // through the stack right after its fields were written, a stalled load per scope.)
+  void gather_group(const std::vector<param_id>& wanted, const collective_tag& context, collective_use use,
+                    Admit&& admit) {
     issued_.clear();
     begun_.clear();
     try {
@@ -178,6 +201,8 @@ class residency {
       grouped(comm_, [&] {
         for (param_id p : begun_) {
           auto& s = store_[p];
+          collective_tag tag = context;
+          tag.use = use;
           tag.param = p;
           const void* src = store_.gather_source(p, stream_role::gather);  // staged when offloaded
           tagged::all_gather(comm_, src, s.gathered().data(), s.layout.shard_numel, s.type,
@@ -198,7 +223,7 @@ class residency {
   }
 
   void mark_issued() {
-    if (issued_.empty()) return;
+    if (issued_.empty() || !store_.streams().overlapped()) return;  // one stream: nothing to wait for
     const auto done = store_.streams().mark_now(stream_role::gather);
     for (param_id p : issued_) entries_[p].gather_done = done;
   }
@@ -243,11 +268,17 @@ class residency {
   // under max_live_numel, or nothing is left to evict: first those not held and not wanted
   // soon, then those the Prefetcher asked for just now, last those under a preferred hold (see
   // the header comment). m's own stay.
-  void make_room(module_id m, const std::vector<param_id>& ahead) {
+  // Returns whether any of m's parameters is not gathered.
+  bool make_room(module_id m, const std::vector<param_id>& ahead) {
     std::size_t needed = 0;
+    bool missing = false;
     for (param_id p : params(m))
-      if (!store_[p].is_gathered()) needed += store_[p].layout.padded_numel;
-    evict_until(needed, params(m), ahead);
+      if (!store_[p].is_gathered()) {
+        needed += store_[p].layout.padded_numel;
+        missing = true;
+      }
+    if (store_.resident_numel() + needed > cfg_.max_live_numel) evict_until(needed, params(m), ahead);
+    return missing;
   }
 
   // make_room's eviction: until `needed` more elements fit under max_live_numel, never `own`.

@@ -67,6 +67,17 @@ class schedule_fingerprint {
     return {use, m, p, scopes_, hash_};
   }
 
+  // tag(use, m) written field by field into `out`: the engine's per-scope tag, which the scope's
+  // gathers copy a little later. (Built whole and assigned, it goes through a temporary read
+  // back at once by a 32-byte load that no store forwards to: a stall per scope.)
+  void write_tag(collective_tag& out, collective_use use, module_id m) const noexcept {
+    out.use = use;
+    out.module = m;
+    out.param = collective_tag::none;
+    out.scope = scopes_;
+    out.hash = hash_;
+  }
+
   static module_id module(entry e) noexcept { return e >> 3; }
   static bool backward(entry e) noexcept { return (e & 4u) != 0; }
   static use_kind kind(entry e) noexcept { return static_cast<use_kind>(e & 3u); }
@@ -76,9 +87,11 @@ class schedule_fingerprint {
   // words); ranks compare values for equality only, so this needs no stronger mixing.
   void mix(std::uint32_t v) noexcept { hash_ = (hash_ ^ v) * 0x100000001b3ull; }
 
+  // hash_ and scopes_ apart: tag() reads both right after on_scope() wrote them, and adjacent
+  // they are read as one 16-byte load that no store forwards to (a stall per scope).
   std::uint64_t hash_ = 0xcbf29ce484222325ull;
-  std::uint64_t scopes_ = 0;
   std::uint64_t first_scope_ = 1;
+  std::uint64_t scopes_ = 0;
   std::vector<entry> history_;
 };
 

@@ -36,8 +36,8 @@ class scope_lifecycle {
     const auto saved = e.fp_.save();
     e.fp_.on_scope(m, kind, is_backward);
     controls::count_scope(e);
-    e.store_.collective_context = e.fp_.tag(collective_use::gather, m);
-    e.made_grads_.clear();
+    e.fp_.write_tag(e.store_.collective_context, collective_use::gather, m);
+    e.made_count_ = 0;
     int stage = 0;  // 1: the Prefetcher saw the scope, 2: the residency opened it
     try {
       if (e.cfg_.check_every_scope) e.agreement_.at_scope(e.fp_);
@@ -110,12 +110,14 @@ class scope_lifecycle {
  private:
   static void make_full_grads(Engine& e, module_id m) {
     auto& compute = e.store_.streams().on(stream_role::compute);
-    for (param_id p : e.spec_.modules()[m].params) {  // m checked by enter
+    const auto& params = e.spec_.modules()[m].params;  // m checked by enter
+    if (e.made_grads_.size() < params.size()) e.made_grads_.resize(params.size());
+    for (param_id p : params) {
       auto& s = e.store_[p];
-      if (!s.spec->trainable || s.full_grad) continue;
+      if (!e.ctl_.trainable[p] || s.full_grad) continue;
       s.full_grad =
           buffer<backend_type>(e.backend_, dtype::f32, s.layout.padded_numel, mem_category::grad_buckets, compute);
-      e.made_grads_.push_back(p);
+      e.made_grads_[e.made_count_++] = p;
       e.backend_.fill_zero(s.full_grad.data(), s.full_grad.bytes(), compute);
     }
   }
@@ -125,7 +127,8 @@ class scope_lifecycle {
   static void undo_open(Engine& e, module_id m, use_kind kind, bool is_backward, int stage,
                         const schedule_fingerprint::saved& saved) noexcept {
     e.fp_.restore(saved);
-    for (param_id p : e.made_grads_) e.store_[p].full_grad.reset_on(e.store_.streams().on(stream_role::compute));
+    for (std::size_t i = 0; i < e.made_count_; ++i)
+      e.store_[e.made_grads_[i]].full_grad.reset_on(e.store_.streams().on(stream_role::compute));
     try {
       if (stage >= 2) e.residency_.close(m, false, false);
       if constexpr (requires { e.prefetcher_.on_scope_failed(m, kind); })

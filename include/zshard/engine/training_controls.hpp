@@ -46,11 +46,15 @@ namespace zshard {
 struct training_control_state {
   training_control_state(const model_spec& spec, const std::vector<optim::param_group>& groups,
                          const optim::adamw_config& adamw)
-      : groups(spec, groups, adamw), sync(spec.params().size()), keep_after_forward(spec.modules().size(), false) {}
+      : groups(spec, groups, adamw), sync(spec.params().size()), keep_after_forward(spec.modules().size(), false) {
+    trainable.reserve(spec.params().size());
+    for (const auto& p : spec.params()) trainable.push_back(p.trainable);
+  }
 
   optim::param_groups groups;
   grad_sync sync;
   std::vector<bool> keep_after_forward;  // per module: set_keep_gathered_until_backward
+  std::vector<std::uint8_t> trainable;   // per parameter: the spec's flag, a byte (read per backward scope)
   std::int64_t passes = 0;               // end_pass() calls
   std::int64_t scopes_since_boundary = 0;  // scopes since the last step() or end_pass()
 };
@@ -121,6 +125,8 @@ class training_controls {
                   "give it set_trainable(param_id, bool); see offload/offloader.hpp");
     }
     e.spec_.set_trainable(p, trainable);
+    e.ctl_.trainable[p] = trainable;
+    if constexpr (requires { e.tracker_.on_set_trainable(p, trainable); }) e.tracker_.on_set_trainable(p, trainable);
   }
 
   // Whether p has optimizer state (master, m, v): trainable now, or frozen with the state it kept.

@@ -6,6 +6,7 @@
 // is first unfrozen (set_trainable); freezing it again keeps its state (and its update count)
 // for the next unfreeze.
 #include <cmath>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ class on_device_impl {
                    "offload_config.optimizer_state = nvme with offload::on_device, which keeps it on the device",
                    "use offload::host_adam for optimizer state on NVMe");
     state_.resize(store.size());
+    has_grad_.assign(store.size(), 0);
+    for (param_id p = 0; p < store.size(); ++p) state_[p].decay = store[p].spec->decay;
     for (param_id p = 0; p < store.size(); ++p)
       if (store[p].spec->trainable) create_state(p);
   }
@@ -49,7 +52,7 @@ class on_device_impl {
   // engine orders after the reduce stream.
   void accumulate_grad(param_id p, const float* g, std::size_t n, typename Backend::stream& ready_on) {
     store_.backend().add_into(state_[p].grad.template as<float>(), g, n, ready_on);
-    state_[p].has_grad = true;
+    has_grad_[p] = 1;
   }
 
   // A backend that can reduce into device memory (sum_squares_into, CUDA) gets one host round
@@ -101,17 +104,24 @@ class on_device_impl {
     optim::adamw_config hyper = hyper_;
     hyper.lr = a.lr;
     tasks_.clear();
+    std::int64_t steps_for = 0;  // the update count steps_ holds the constants of (0: none yet)
     for (param_id p = 0; p < store_.size(); ++p) {
+      // No gradient this step: left alone as PyTorch does (unless update_params_without_grad),
+      // its own step count (bias correction) unchanged. (has_grad_ first: it is compact, so a
+      // step over a model without gradients reads no state.)
+      if (!has_grad_[p] && !hyper_.update_params_without_grad) continue;
       auto& st = state_[p];
       if (!st.trainable) continue;  // frozen (its state, if any, kept as it is)
-      // No gradient this step: left alone as PyTorch does (unless update_params_without_grad),
-      // its own step count (bias correction) unchanged.
-      if (!st.has_grad && !hyper_.update_params_without_grad) continue;
-      st.has_grad = false;
+      has_grad_[p] = 0;
       auto& slot = store_[p];
       ++st.steps;
-      const auto step = a.groups ? a.groups->step_for(p, slot.spec->decay, hyper, st.steps, a.grad_scale)
-                                 : optim::make_adamw_step(hyper, st.steps, a.grad_scale, slot.spec->decay);
+      // The AdamW constants per (group, decay) for this update count: two pow calls per count,
+      // not per parameter (parameters that skipped steps lag, so the count can change).
+      if (st.steps != steps_for) {
+        fill_steps(a, hyper, st.steps);
+        steps_for = st.steps;
+      }
+      const optim::adamw_step& step = steps_[a.groups ? a.groups->slot(p, st.decay) : (st.decay ? 1 : 0)];
       if constexpr (batched_adamw<Backend>) {
         tasks_.push_back({step, st.master.template as<float>(), st.m.template as<float>(), st.v.template as<float>(),
                           st.grad.template as<float>(), st.grad.numel(), slot.shard.data(), slot.type});
@@ -145,10 +155,9 @@ class on_device_impl {
   }
 
   void discard_grads() {
-    for (auto& st : state_) {
+    for (auto& st : state_)
       if (st.grad) store_.backend().fill_zero(st.grad.data(), st.grad.bytes(), compute());
-      st.has_grad = false;
-    }
+    has_grad_.assign(has_grad_.size(), 0);
   }
 
   const memory_ledger& state_ledger() const noexcept { return store_.backend().ledger(); }
@@ -159,7 +168,7 @@ class on_device_impl {
   double local_grad_norm_part(double norm_type) {
     double part = 0.0;
     for (param_id p = 0; p < store_.size(); ++p) {
-      if (!state_[p].trainable || !state_[p].has_grad) continue;
+      if (!state_[p].trainable || !has_grad_[p]) continue;
       if (norm_type == 1.0 && store_[p].layout.replicated && comm_.rank() != 0) continue;
       host_.resize(state_[p].grad.numel());
       read_grad(p, host_.data());
@@ -221,11 +230,22 @@ class on_device_impl {
 
  private:
   struct param_state {
-    buffer<Backend> master, m, v, grad;
-    bool has_grad = false;  // a reduced gradient arrived since the last update/discard
-    bool trainable = false;  // updated by update(); a frozen parameter keeps its buffers, if any
+    buffer<Backend> grad, master, m, v;  // grad first: a reduction reads only its line
     std::int64_t steps = 0;  // updates applied to it
+    bool trainable = false;  // updated by update(); a frozen parameter keeps its buffers, if any
+    bool decay = true;       // the parameter's (fixed) weight decay flag, kept here for update()
   };
+
+  // AdamW's constants for update count `step`, per (group, decay) slot as param_groups numbers them.
+  void fill_steps(const update_args& a, const optim::adamw_config& hyper, std::int64_t step) {
+    if (a.groups) {
+      a.groups->steps(hyper, step, a.grad_scale, steps_);
+    } else {
+      steps_.resize(2);
+      steps_[0] = optim::make_adamw_step(hyper, step, a.grad_scale, false);
+      steps_[1] = optim::make_adamw_step(hyper, step, a.grad_scale, true);
+    }
+  }
 
   void create_state(param_id p) {
     Backend& b = store_.backend();
@@ -239,6 +259,7 @@ class on_device_impl {
     b.fill_zero(st.v.data(), st.v.bytes(), compute());
     b.fill_zero(st.grad.data(), st.grad.bytes(), compute());
     st.trainable = true;
+    st.decay = store_[p].spec->decay;
     state_[p] = std::move(st);
   }
 
@@ -268,6 +289,10 @@ class on_device_impl {
   Comm& comm_;
   const optim::adamw_config hyper_;
   std::vector<param_state> state_;
+  // Per parameter: a reduced gradient arrived since the last update or discard. Apart from the
+  // state, so that marking one (every reduction) and skipping one (every step) touch a byte.
+  std::vector<std::uint8_t> has_grad_;
+  std::vector<optim::adamw_step> steps_;  // update(): AdamW's constants per (group, decay) slot
   std::vector<param_id> counted_;  // local_grad_stats: kept between steps, so no step allocates
   std::vector<double> sums_;
   std::vector<const float*> grad_ptrs_;  // batched sums of squares

@@ -39,8 +39,9 @@ class bucketed_reducer {
     const auto& s = store_[p];
     if (!s.full_grad) return;  // no backward wrote to it this micro-batch: nothing to reduce
     const std::size_t n = s.layout.padded_numel;
-    if (!pending_.empty() && pending_numel_ + n > bucket_numel_) flush(sink);
-    pending_.push_back(p);
+    if (pending_numel_ + n > bucket_numel_ && !(packed_.empty() && pending_.empty())) flush(sink);
+    // Sorted here, while p's state is in cache: a flush then walks each list once.
+    (packable(p) ? packed_ : pending_).push_back(p);
     pending_numel_ += n;
     if (pending_numel_ >= bucket_numel_) flush(sink);
   }
@@ -54,26 +55,30 @@ class bucketed_reducer {
   void flush(Sink& sink) {
     try {
       std::size_t begin = 0, numel = 0, count = 0;
-      for (std::size_t i = 0; i < pending_.size(); ++i) {
-        if (!packable(pending_[i])) continue;
-        const std::size_t n = store_[pending_[i]].layout.numel;
+      for (std::size_t i = 0; i < packed_.size(); ++i) {
+        if (!store_[packed_[i]].full_grad) continue;  // handed over before a failed flush
+        const std::size_t n = store_[packed_[i]].layout.numel;
         if (count > 0 && numel + n > pack_numel_) {
-          reduce_pack(begin, i, numel, count, sink);
+          reduce_pack(begin, i, numel, sink);
           numel = count = 0;
         }
         if (count == 0) begin = i;
         numel += n;
         ++count;
       }
-      if (count > 0) reduce_pack(begin, pending_.size(), numel, count, sink);
+      if (count > 0) reduce_pack(begin, packed_.size(), numel, sink);
       for (param_id p : pending_)
         if (store_[p].full_grad) reduce_one(p, sink);
     } catch (...) {
-      std::erase_if(pending_, [&](param_id p) { return !store_[p].full_grad; });
+      const auto handed_over = [&](param_id p) { return !store_[p].full_grad; };
+      std::erase_if(packed_, handed_over);
+      std::erase_if(pending_, handed_over);
       pending_numel_ = 0;
+      for (param_id p : packed_) pending_numel_ += store_[p].layout.padded_numel;
       for (param_id p : pending_) pending_numel_ += store_[p].layout.padded_numel;
       throw;
     }
+    packed_.clear();
     pending_.clear();
     pending_numel_ = 0;
   }
@@ -84,6 +89,7 @@ class bucketed_reducer {
 
   // engine::discard_gradients: drops the pending gradients unreduced (the engine frees them).
   void discard() noexcept {
+    packed_.clear();
     pending_.clear();
     pending_numel_ = 0;
   }
@@ -91,31 +97,27 @@ class bucketed_reducer {
  private:
   bool packable(param_id p) const {
     const auto& s = store_[p];
-    return s.layout.replicated && s.full_grad && s.layout.numel <= pack_numel_;
+    return s.layout.replicated && s.layout.numel <= pack_numel_;
   }
 
-  // The packable gradients among pending_[begin, end): `count` of them, `numel` elements.
+  // The gradients of packed_[begin, end) that were not handed over yet: `numel` elements.
   template <class Sink>
-  void reduce_pack(std::size_t begin, std::size_t end, std::size_t numel, std::size_t count, Sink& sink) {
-    if (count == 1) {
-      for (std::size_t i = begin; i < end; ++i)
-        if (packable(pending_[i])) return reduce_one(pending_[i], sink);
-    }
+  void reduce_pack(std::size_t begin, std::size_t end, std::size_t numel, Sink& sink) {
+    std::vector<param_id>& members = members_;
+    members.clear();
+    for (std::size_t i = begin; i < end; ++i)
+      if (store_[packed_[i]].full_grad) members.push_back(packed_[i]);
+    if (members.size() == 1) return reduce_one(members.front(), sink);
     auto& streams = store_.streams();
     streams.order(stream_role::reduce, stream_role::compute);
     auto& on = streams.on(stream_role::reduce);
     buffer<Backend> packed(store_.backend(), dtype::f32, numel, mem_category::grad_buckets, on);
     float* dst = packed.template as<float>();
-    std::vector<param_id>& members = members_;
-    members.clear();
     std::size_t at = 0;
-    for (std::size_t i = begin; i < end && members.size() < count; ++i) {
-      const param_id p = pending_[i];
-      if (!packable(p)) continue;
+    for (param_id p : members) {
       auto& s = store_[p];
       store_.backend().copy(dst + at, s.full_grad.data(), s.layout.numel * sizeof(float), on);
       s.full_grad.reset_on(on);
-      members.push_back(p);
       at += s.layout.numel;
     }
     try {
@@ -175,7 +177,8 @@ class bucketed_reducer {
   std::size_t bucket_numel_;
   std::size_t pack_numel_;
   std::vector<param_id> members_;  // the gradients of the pack being reduced (kept: no allocation per flush)
-  std::vector<param_id> pending_;
+  std::vector<param_id> packed_;   // pending gradients that go in packs, in arrival order
+  std::vector<param_id> pending_;  // the other pending gradients, in arrival order
   std::size_t pending_numel_ = 0;
   std::size_t collectives_ = 0;
 };

@@ -8,8 +8,8 @@
 // proves it with a residency_key: a Reducer or Offloader sees shards, gradients and streams but
 // cannot gather or release, so it cannot break I5. Resident gathered elements move only
 // together with the set of gathered parameters — in the transitions below — so the figure
-// cannot drift from the set or be reset on its own; the engine cross-checks it against a scan
-// at every step boundary.
+// cannot drift from the set or be reset on its own; the engine cross-checks it against the
+// gathered buffers (and the ledger's gathered bytes) at every micro-batch and step boundary.
 //
 // The state of a sharded (not replicated) parameter, as FSDP2 names them, asserted at each
 // transition:
@@ -170,8 +170,8 @@ class param_store {
   // (the caller has made compute wait for the gather).
   void release(param_id p, residency_key) {
     auto& s = slots_[p];
-    ZSHARD_REQUIRE(!s.layout.replicated && s.state_ != param_state::sharded, error_kind::invariant,
-                   "release of parameter '" + s.spec->name + "' in state " + std::string(to_string(s.state_)));
+    if (s.layout.replicated || s.state_ == param_state::sharded) [[unlikely]]
+      throw_bad_transition(s, "release");
     s.gathered_.reset_on(streams_.on(stream_role::compute));
     leave_gathered_set(p);
   }
@@ -212,10 +212,16 @@ class param_store {
     resident_numel_ -= s.layout.padded_numel;
   }
 
+  // Inline check, out-of-line message: every gather and release passes here.
   static void expect(const param_slot<Backend>& s, param_state want, const char* transition) {
-    ZSHARD_REQUIRE(!s.layout.replicated && s.state_ == want, error_kind::invariant,
-                   std::string(transition) + " of parameter '" + s.spec->name + "' in state " +
-                       std::string(to_string(s.state_)) + (s.layout.replicated ? " (replicated)" : ""));
+    if (s.layout.replicated || s.state_ != want) [[unlikely]]
+      throw_bad_transition(s, transition);
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] static void throw_bad_transition(const param_slot<Backend>& s,
+                                                                          const char* transition) {
+    throw error(error_kind::invariant, std::string(transition) + " of parameter '" + s.spec->name + "' in state " +
+                                           std::string(to_string(s.state_)) +
+                                           (s.layout.replicated ? " (replicated)" : ""));
   }
 
   Backend& backend_;

@@ -27,6 +27,8 @@
 //   on_scope_failed(m, kind, backward)     optional: the scope just reported could not be opened
 //                                          (live budget, allocation); undo its count so that the
 //                                          engine stays usable and a retry counts once
+//   on_set_trainable(p, trainable)         optional: engine::set_trainable changed p's flag in the
+//                                          spec (between steps), for a tracker that keeps a copy
 // Phase rules: counted forwards outside backward; recompute only inside backward; no-grad
 // forwards anywhere; step() never inside backward.
 #include <concepts>

@@ -3,6 +3,7 @@
 // step has two pending backward uses; a parameter shared by several modules is complete only
 // when every counted use of every module that lists it has run its backward.
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@ class use_counter {
     module_pending_.assign(spec.modules().size(), 0);
     awaiting_backward_.assign(spec.modules().size(), false);
     param_pending_.assign(spec.params().size(), 0);
+    trainable_.resize(spec.params().size());
+    for (param_id p = 0; p < trainable_.size(); ++p) trainable_[p] = spec.params()[p].trainable;
     max_pending_.assign(spec.modules().size(), 0);
     phase_ = step_phase::forward;
     depth_ = max_depth_ = 0;
@@ -40,7 +43,7 @@ class use_counter {
         "use recompute() for a checkpointed block, or forward(m, use_kind::no_grad) for a pass without backward");
     max_pending_[m] = std::max(max_pending_[m], ++module_pending_[m]);
     for (param_id p : spec_->modules()[m].params)
-      if (spec_->params()[p].trainable) ++param_pending_[p];
+      if (trainable_[p]) ++param_pending_[p];
     return true;
   }
 
@@ -50,7 +53,7 @@ class use_counter {
     if (backward || kind != use_kind::counted) return;
     --module_pending_[m];
     for (param_id p : spec_->modules()[m].params)
-      if (spec_->params()[p].trainable) --param_pending_[p];
+      if (trainable_[p]) --param_pending_[p];
   }
 
   void on_begin_backward() {
@@ -73,7 +76,7 @@ class use_counter {
     --module_pending_[m];
     --depth_;
     for (param_id p : spec_->modules()[m].params) {
-      if (!spec_->params()[p].trainable) continue;
+      if (!trainable_[p]) continue;
       ZSHARD_REQUIRE(param_pending_[p] > 0, error_kind::invariant,
                      "gradient count of parameter '" + spec_->param(p).name + "' would go negative");
       if (--param_pending_[p] == 0) completed.push_back(p);
@@ -114,6 +117,8 @@ class use_counter {
   // activation checkpointing included (recomputed inner modules waiting for their backward
   // while their siblings recompute: the engine releases them to make room and gathers them
   // again for their backward).
+  void on_set_trainable(param_id p, bool trainable) noexcept { trainable_[p] = trainable; }
+
   bool keeps_gathered(module_id) const noexcept { return false; }
   bool prefers_gathered(module_id m) const noexcept { return phase_ == step_phase::backward && awaiting_backward_[m]; }
 
@@ -132,6 +137,8 @@ class use_counter {
   const model_spec* spec_ = nullptr;
   std::vector<std::int64_t> module_pending_;
   std::vector<std::int64_t> param_pending_;
+  // The spec's trainable flags, one byte each: read per parameter on every counted scope.
+  std::vector<std::uint8_t> trainable_;
   std::vector<bool> awaiting_backward_;  // recomputed, its backward not yet entered
   std::vector<std::int64_t> max_pending_;
   step_phase phase_ = step_phase::forward;
