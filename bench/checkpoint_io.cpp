@@ -164,7 +164,7 @@ int main(int argc, char** argv) try {
   }
   const double total = double(rank_bytes) * o.ranks / 1e9;
   std::printf(
-      "checkpoint_io: %d rank threads, %lld M parameters (f32 working + master + m + v = 16 B/param), "
+      "checkpoint_io with %d rank threads, %lld M parameters (f32 working + master + m + v = 16 B/param), "
       "%.3f GB per checkpoint, dir %s, CRC32C %s\n",
       o.ranks, static_cast<long long>(o.params_m), total, o.dir.c_str(),
       ck::crc32c().uses_hardware() ? "SSE4.2" : "table");
