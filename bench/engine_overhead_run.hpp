@@ -14,23 +14,18 @@
 #include <string>
 
 #include "engine_overhead_figures.hpp"
+#include "many_small_modules.hpp"
 #include "zshard/backend/phantom_backend.hpp"
 #include "zshard/comm/null_comm.hpp"
 #include "zshard/engine/default_policies.hpp"
 #include "zshard/engine/engine.hpp"
-#include "zshard/model/model_spec.hpp"
 
 namespace zshard::bench {
 
 // `micro_batches` timed micro-batches after two warm-up ones (the first records the prefetch
 // trace). Built per call: the engine and its model are part of what a size costs in cache.
 inline engine_overhead_figures run_engine_overhead(int modules, int micro_batches) {
-  model_spec spec;
-  for (int i = 0; i < modules; ++i) {
-    const std::string n = "m" + std::to_string(i);
-    const param_id w = spec.add_param(n + ".w", {64, 64}), b = spec.add_param(n + ".b", {64}, {.decay = false});
-    spec.add_module(n, {w, b});
-  }
+  const model_spec spec = many_small_modules(modules);
   engine_config cfg;
   cfg.param_dtype = dtype::bf16;
   phantom_backend backend;

@@ -20,6 +20,7 @@
 #include "zshard/plan/plan_table.hpp"
 #include "zshard/trace/trace_sink.hpp"
 #include "../tests/support/policies.hpp"
+#include "many_small_modules.hpp"
 #include "seed_legacy.hpp"
 
 using namespace zshard;
@@ -41,12 +42,7 @@ struct overhead {
 };
 template <class Policies>
 overhead engine_overhead(int modules, int steps, std::size_t max_reuse_distance = 0, trace_sink* trace = nullptr) {
-  model_spec spec;
-  for (int i = 0; i < modules; ++i) {
-    const std::string n = "m" + std::to_string(i);
-    const param_id w = spec.add_param(n + ".w", {64, 64}), b = spec.add_param(n + ".b", {64}, {.decay = false});
-    spec.add_module(n, {w, b});
-  }
+  const model_spec spec = bench::many_small_modules(modules);
   engine_config cfg;
   cfg.param_dtype = dtype::bf16;
   cfg.prefetch.max_reuse_distance = max_reuse_distance;
