@@ -88,6 +88,29 @@ TEST_CASE("ranks that disagree on a collective's arguments fail on every rank, n
   probe.barrier();
 }
 
+// check_arguments off skips the separate argument round of all_reduce, broadcast and barrier;
+// all_gather and reduce_scatter carry their header in their own messages and still compare it.
+TEST_CASE("without check_arguments: the same results, and all_gather still names a count mismatch") {
+  mpi_options o = mpi_test::options();
+  o.check_arguments = false;
+  mpi_comm c(MPI_COMM_WORLD, o);
+  if (c.size() < 2) return;
+  const int w = c.size(), r = c.rank();
+  std::vector<float> mine(3, float(r + 1)), all(3 * static_cast<std::size_t>(w));
+  c.all_gather(mine.data(), all.data(), 3, dtype::f32);
+  for (int q = 0; q < w; ++q) CHECK(all[3 * static_cast<std::size_t>(q)] == float(q + 1));
+  std::vector<float> grads(2 * static_cast<std::size_t>(w), float(r)), out(2);
+  c.reduce_scatter(grads.data(), out.data(), 2, dtype::f32, reduce_op::sum);
+  CHECK(out[0] == float(w * (w - 1) / 2));
+  float x = float(r);
+  c.all_reduce(&x, &x, 1, dtype::f32, reduce_op::max);
+  CHECK(x == float(w - 1));
+  c.barrier();
+  const std::string msg = comm_error([&] { c.all_gather(mine.data(), all.data(), r == 1 ? 2 : 3, dtype::f32); });
+  CHECK(msg.find("collective mismatch") != std::string::npos);
+  CHECK(msg.find("rank 1 called all_gather(count=2, f32)") != std::string::npos);
+}
+
 // More ranks on a node than hardware threads: a waiting rank yields at once instead of spinning
 // on the core a peer needs (mpi_options::spin). The launcher's count is what decides.
 TEST_CASE("an oversubscribed node waits without spinning") {
