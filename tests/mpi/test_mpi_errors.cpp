@@ -129,6 +129,15 @@ TEST_CASE("an oversubscribed node waits without spinning") {
 }
 
 TEST_CASE("bad arguments are usage errors on the calling rank, before any communication") {
+  mpi_options huge = mpi_test::options();
+  huge.inline_bytes = (std::size_t{1} << 20) + 1;  // over the 1 MiB bound: refused at construction
+  try {
+    mpi_comm refused(MPI_COMM_WORLD, huge);
+    FAIL("inline_bytes over 1 MiB was accepted");
+  } catch (const error& e) {
+    CHECK(e.kind() == error_kind::usage);
+    CHECK(std::string(e.what()).find("inline_bytes 1048577 exceeds 1048576") != std::string::npos);
+  }
   mpi_comm c(MPI_COMM_WORLD, mpi_test::options());
   const int w = c.size();
   std::vector<float> a(64);

@@ -66,7 +66,7 @@ class mpi_comm {
     MPI_Finalized(&fin);
     ZSHARD_REQUIRE(init && !fin, error_kind::usage, "mpi_comm: MPI is not initialised (or already finalised)",
                    "create a zshard::mpi_session (or call MPI_Init_thread) before any mpi_comm; see comm/mpi_run.hpp");
-    ZSHARD_REQUIRE(opts.timeout.count() > 0, error_kind::usage, "mpi_comm timeout must be positive");
+    mpi_detail::check_options(opts);
     ZSHARD_REQUIRE(base != MPI_COMM_NULL, error_kind::usage, "mpi_comm: base communicator is MPI_COMM_NULL");
     MPI_Comm_rank(base, &rank_);
     MPI_Comm_size(base, &size_);

@@ -22,7 +22,7 @@ struct mpi_options {
   // A collective's first message to each peer (its header, and its payload when that fits) is at
   // most this long; a larger payload follows in a message of its own (mpi_exchange.hpp). Open
   // MPI's shared-memory transport sends up to 4 KiB eagerly. The same on every rank; each
-  // communicator keeps two buffers of size() * inline_bytes.
+  // communicator keeps two buffers of size() * inline_bytes. At most 1 MiB.
   std::size_t inline_bytes = 4096;
   // How long a wait polls MPI without yielding the core. MPI moves a large message one
   // fragment per poll, so a yield (a whole time slice on a loaded machine) per poll slows it;
@@ -34,6 +34,17 @@ struct mpi_options {
 };
 
 namespace mpi_detail {
+// mpi_options::inline_bytes at most this: each communicator keeps 2 x size() slots of it.
+inline constexpr std::size_t max_inline_bytes = std::size_t{1} << 20;
+
+// Usage errors for options no communicator can work with, before any communication.
+inline void check_options(const mpi_options& o) {
+  ZSHARD_REQUIRE(o.timeout.count() > 0, error_kind::usage, "mpi_comm timeout must be positive");
+  ZSHARD_REQUIRE(o.inline_bytes <= max_inline_bytes, error_kind::usage,
+                 "mpi_options::inline_bytes " + std::to_string(o.inline_bytes) + " exceeds " +
+                     std::to_string(max_inline_bytes) + " bytes",
+                 "it sizes a message per peer: a few KiB (the transport's eager size, 4 KiB by default)");
+}
 inline std::string error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
