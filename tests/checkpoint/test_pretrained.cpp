@@ -174,6 +174,51 @@ TEST_CASE("pretrained: the ledger's host peak during a load stays within the chu
   });
 }
 
+TEST_CASE("staging: a small model's load, save and export take what its largest piece needs, not the whole default chunk") {
+  temp_dir dir;
+  // 40 x 24 parameters (960 elements), two ranks: 480 each; the default chunk is 64 MiB
+  zshard::model_spec spec;
+  const auto w = spec.add_param("w", {40, 24});
+  const auto b = spec.add_param("b", {24});
+  spec.add_module("m", {w, b});
+  {
+    ck::safetensors_writer wr(dir / "small.safetensors",
+                              {{"w", ck::file_dtype::bf16, {40, 24}}, {"b", ck::file_dtype::f16, {24}}});
+    std::vector<std::uint16_t> bits(40 * 24);
+    for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = zshard::to_bf16(float(i) * 1e-3f).bits;
+    wr.write(bits.data(), bits.size() * 2);
+    for (std::size_t i = 0; i < 24; ++i) bits[i] = zshard::to_f16(float(i) * 1e-2f).bits;
+    wr.write(bits.data(), 24 * 2);
+    wr.finish();
+  }
+  // the largest piece: 480 bf16 elements widened to f32 and written back as f32 (10 bytes each),
+  // a few KiB; the agreements' own blocks are smaller than 8 KiB
+  constexpr std::size_t bound = 480 * 10 + 16 * 10 + 8192;
+  zshard::run_ranks(2, [&](zshard::thread_comm& comm) {
+    zshard::host_backend backend;
+    zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, spec, engine_options());
+    const auto staged = [&](const std::string& what, auto&& op) {
+      INFO(what);
+      backend.ledger().reset_peaks();
+      const std::size_t before = backend.ledger().current(zshard::mem_category::scratch);
+      op();
+      CHECK(backend.ledger().peak(zshard::mem_category::scratch) - before <= bound);
+      CHECK(backend.ledger().current(zshard::mem_category::scratch) == before);
+    };
+    staged("load_pretrained", [&] { ck::load_pretrained(eng, dir / "small.safetensors"); });
+    staged("export_engine", [&] { ck::export_engine(eng, dir / "out.safetensors", {.type = dtype::bf16}); });
+    staged("save", [&] { ck::save(eng, dir / "ckpt"); });
+    staged("load", [&] { ck::load(eng, dir / "ckpt"); });
+    // what went through the small chunk arrived whole: an element of each parameter, back from the export
+    ck::safetensors_file out(dir / "out.safetensors");
+    std::vector<std::uint16_t> got(40 * 24);
+    REQUIRE(out.find("w"));
+    out.read(*out.find("w"), 0, got.size(), got.data());
+    CHECK(got[123] == zshard::to_bf16(123e-3f).bits);
+    CHECK(got[959] == zshard::to_bf16(959e-3f).bits);
+  });
+}
+
 TEST_CASE("export: engine to one file (f32 exact, bf16 rounded), and a checkpoint to the same bytes") {
   temp_dir dir;
   const toy::config mc{};

@@ -11,6 +11,14 @@
 
 namespace zshard::checkpoint {
 
+// The chunk bytes that move n elements from `from` to `to` in one piece: chunked_copy never uses
+// more, so a chunk of this size for the largest piece, where that is below the caller's limit,
+// does the same work in less memory.
+constexpr std::uint64_t chunk_bytes_for(std::uint64_t n, dtype from, dtype to) noexcept {
+  const std::uint64_t per = from == to ? size_of(from) : size_of(from) + size_of(to);
+  return (n + 15) / 16 * 16 * per;
+}
+
 template <class Read, class Write>
 void chunked_copy(char* chunk, std::size_t chunk_bytes, std::uint64_t n, dtype from, dtype to, Read&& read,
                   Write&& write) {

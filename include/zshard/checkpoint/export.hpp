@@ -13,12 +13,14 @@
 // From a checkpoint (export_checkpoint, one process, no engine: tools/zshard_export): tensor
 // by tensor in file order, each assembled from the rank files that hold its pieces, through
 // one chunk; every rank file's checksum is verified first.
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "zshard/checkpoint/agreement.hpp"
 #include "zshard/checkpoint/checkpoint_dir.hpp"
@@ -57,6 +59,10 @@ inline std::uint64_t transposed_chunk_numel(std::size_t chunk_bytes, dtype from,
   ZSHARD_REQUIRE(k > 0, error_kind::config, "export chunk of " + std::to_string(chunk_bytes) + " bytes is too small",
                  "use a chunk of at least a few KiB (e.g. 64 MiB)");
   return k;
+}
+// The chunk bytes that move n elements in one transposed piece (more is never used).
+constexpr std::uint64_t transposed_chunk_bytes_for(std::uint64_t n, dtype from, dtype to) noexcept {
+  return (n + 15) / 16 * 16 * (size_of(from) + 2 * size_of(to));
 }
 
 // Elements [b, e) of a (rows, cols) parameter into a file that holds its transpose.
@@ -135,19 +141,38 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
     write_and_meet(
         eng, markers, o.io_timeout, what,
         [&] {
-          host_staging chunk(eng.backend(), o.chunk_bytes);
-          file_handle f(data, O_WRONLY, 0644, hook);
+          // The elements this rank writes, and their source field; the chunk is sized for the
+          // largest piece (a transposed one holds three arrays of it, the others two).
+          struct piece {
+            std::uint64_t b, e;
+            state_field fld;
+            dtype from;
+          };
+          std::vector<piece> pieces;
+          std::uint64_t chunk_needed = 0;
           for (param_id p = 0; writes && p < m.params.size(); ++p) {
             const auto& mp = m.params[p];
             const auto [b, e] = mp.replicated ? (shard_rank == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, mp.numel}
                                                            : std::pair<std::uint64_t, std::uint64_t>{0, 0})
                                               : held_range(eng, p);
             const state_field fld = mp.trainable ? o.source : state_field::working;
-            const dtype from = fld == state_field::working ? mp.type : dtype::f32;
+            pieces.push_back({b, e, fld, fld == state_field::working ? mp.type : dtype::f32});
+            const dtype from = pieces.back().from;
+            chunk_needed = std::max(chunk_needed, mp.file_transposed
+                                                      ? detail::transposed_chunk_bytes_for(e - b, from, o.type)
+                                                      : chunk_bytes_for(e - b, from, o.type));
+          }
+          lazy_host_staging<typename Engine::backend_type> chunk(eng.backend(), o.chunk_bytes);
+          chunk.fit(chunk_needed);
+          file_handle f(data, O_WRONLY, 0644, hook);
+          for (param_id p = 0; p < pieces.size(); ++p) {
+            const auto& mp = m.params[p];
+            const auto [b, e, fld, from] = pieces[p];
+            if (e == b) continue;
             if (mp.file_transposed) {
               const std::uint64_t start = header.size() + offsets[p];
               detail::copy_to_transposed(
-                  chunk.bytes_at(0), chunk.bytes(), std::uint64_t(mp.shape[0]), std::uint64_t(mp.shape[1]), b, e, from,
+                  static_cast<char*>(chunk.data()), chunk.bytes(), std::uint64_t(mp.shape[0]), std::uint64_t(mp.shape[1]), b, e, from,
                   o.type, [&](std::uint64_t g, std::size_t k, void* dst) { eng.read_shard(p, fld, g - b, dst, k); },
                   [&](std::uint64_t at, std::size_t k, const void* src) {
                     f.write_at(start + at * size_of(o.type), src, k * size_of(o.type));
@@ -156,7 +181,7 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
             }
             const std::uint64_t base = header.size() + offsets[p] + b * size_of(o.type);
             chunked_copy(
-                chunk.bytes_at(0), chunk.bytes(), e - b, from, o.type,
+                static_cast<char*>(chunk.data()), chunk.bytes(), e - b, from, o.type,
                 [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, fld, first, dst, k); },
                 [&](std::uint64_t first, std::size_t k, const void* src) {
                   f.write_at(base + first * size_of(o.type), src, k * size_of(o.type));
@@ -204,8 +229,16 @@ inline void export_checkpoint(const std::string& checkpoint, const std::string& 
   const std::string mpath = dir + "/" + manifest_file_name;
   const manifest m = manifest::parse(read_small_file(mpath, std::size_t{64} << 20, hook), mpath);
   std::vector<std::unique_ptr<safetensors_file>> files;
+  // The chunk, no larger than the largest tensor needs (from f32, the widest source): a small
+  // model's export does not take the whole chunk_bytes.
+  std::uint64_t chunk_needed = 0;
+  for (const auto& mp : m.params)
+    chunk_needed = std::max(chunk_needed, mp.file_transposed
+                                              ? detail::transposed_chunk_bytes_for(mp.numel, dtype::f32, o.type)
+                                              : chunk_bytes_for(mp.numel, dtype::f32, o.type));
+  const std::uint64_t chunk_bytes = chunk_needed > 0 ? std::min<std::uint64_t>(o.chunk_bytes, chunk_needed) : o.chunk_bytes;
   offload::host_memory mem("host (export staging)", std::nullopt, true);
-  buffer<offload::host_memory> chunk(mem, dtype::f32, (o.chunk_bytes + 3) / 4, mem_category::scratch);
+  buffer<offload::host_memory> chunk(mem, dtype::f32, static_cast<std::size_t>((chunk_bytes + 3) / 4), mem_category::scratch);
   for (int q = 0; q < m.world_size; ++q) {
     const auto& mf = m.files[static_cast<std::size_t>(q)];
     files.push_back(std::make_unique<safetensors_file>(dir + "/" + mf.name, hook));

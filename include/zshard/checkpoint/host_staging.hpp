@@ -54,10 +54,16 @@ class host_staging {
 template <class Backend>
 class lazy_host_staging {
  public:
-  lazy_host_staging(Backend& backend, std::size_t bytes) : backend_(backend), bytes_(bytes) {}
+  lazy_host_staging(Backend& backend, std::size_t bytes) : backend_(backend), limit_(bytes), bytes_(bytes) {}
   void* data() { return get().data(); }
   std::size_t bytes() { return get().bytes(); }
   void reset() noexcept { chunk_.reset(); }
+  // Sizes the chunk to `needed` bytes (what the largest piece moved through it takes, e.g.
+  // chunk_bytes_for) where that is below the limit it was made with, else to the limit: a small
+  // model is neither charged nor given the whole limit. Takes effect at the next allocation.
+  void fit(std::uint64_t needed) noexcept {
+    bytes_ = needed > 0 && needed < limit_ ? static_cast<std::size_t>(needed) : limit_;
+  }
 
  private:
   host_staging<Backend>& get() {
@@ -65,6 +71,7 @@ class lazy_host_staging {
     return *chunk_;
   }
   Backend& backend_;
+  std::size_t limit_;
   std::size_t bytes_;
   std::unique_ptr<host_staging<Backend>> chunk_;
 };

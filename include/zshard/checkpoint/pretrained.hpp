@@ -2,7 +2,7 @@
 // load_pretrained(engine, path): pretrained weights from safetensors files as Hugging Face
 // writes them (one file, or a *.safetensors.index.json and its files) into an engine,
 // collective. Each rank reads only the byte ranges of its own shards (pread), through one
-// chunk of pretrained_options::chunk_bytes counted in a ledger (host_staging.hpp), so host
+// chunk of at most pretrained_options::chunk_bytes counted in a ledger (host_staging.hpp), so host
 // memory stays bounded however large the model is.
 //
 // A name map connects the files' names to the model_spec's: a rename table, or a function
@@ -82,6 +82,7 @@ pretrained_report load_pretrained(Engine& eng, const std::string& path, const pr
   std::unique_ptr<safetensors_source> src;
   std::vector<safetensors_source::located> at(eng.spec().params().size());
   std::unique_ptr<host_staging<typename Engine::backend_type>> chunk;
+  std::size_t chunk_bytes = o.chunk_bytes;
   pretrained_report rep;
 
   agree(eng, what, [&] {
@@ -126,11 +127,21 @@ pretrained_report load_pretrained(Engine& eng, const std::string& path, const pr
                   "map names with pretrained_options::rename or name_map, allow_unexpected for extra tensors, "
                   "or build the model the file holds");
     }
+    // the chunk, no larger than this rank's largest piece needs (a small model is not charged
+    // the whole chunk_bytes; a transposed piece holds the file's elements twice)
+    std::uint64_t needed = 0;
+    for (param_id p = 0; p < at.size(); ++p) {
+      const auto [b, e] = held_range(eng, p);
+      const std::uint64_t per = (eng.spec().params()[p].file_transposed ? 2 : 1) * size_of(*param_dtype_of(at[p].tensor->type)) +
+                                4 + size_of(eng.store()[p].type);
+      needed = std::max(needed, (e - b + 15) / 16 * 16 * per);
+    }
+    if (needed > 0 && needed < chunk_bytes) chunk_bytes = static_cast<std::size_t>(needed);
     // the chunk fits the budget (checked here, so every rank knows); allocated again below,
     // after the agreement's own small buffers are gone, so the peak is the chunk alone
-    host_staging<typename Engine::backend_type> probe(eng.backend(), o.chunk_bytes);
+    host_staging<typename Engine::backend_type> probe(eng.backend(), chunk_bytes);
   });
-  chunk = std::make_unique<host_staging<typename Engine::backend_type>>(eng.backend(), o.chunk_bytes);
+  chunk = std::make_unique<host_staging<typename Engine::backend_type>>(eng.backend(), chunk_bytes);
 
   try {
     for (param_id p = 0; p < at.size(); ++p) {

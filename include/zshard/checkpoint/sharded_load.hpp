@@ -16,7 +16,8 @@
 // load_options::verify_before_loading verifies every file before anything changes instead, at
 // the price of a second read. Memory: at most one chunk (load_options::chunk_bytes) per rank,
 // counted in a ledger (host_staging.hpp), allocated only when a piece needs staging (a dtype
-// conversion, device memory); plus a 64 KiB bounce buffer on the stack (verified_reads.hpp).
+// conversion, device memory), and no larger than the largest such piece needs; plus a 64 KiB
+// bounce buffer on the stack (verified_reads.hpp).
 //
 // Older formats still load, and the load says once in the log (engine_config::log) what they
 // lack: version 1 has no per-parameter update counts (every parameter's AdamW count continues
@@ -49,7 +50,7 @@
 namespace zshard::checkpoint {
 
 struct load_options {
-  std::size_t chunk_bytes = std::size_t{64} << 20;  // host memory each rank moves data through
+  std::size_t chunk_bytes = std::size_t{64} << 20;  // host memory each rank moves data through, at most
   bool verify_checksums = true;                     // CRC32C of every file, in the same pass as the load
   // true: verify every file in a pass of its own before anything is loaded, so that a corrupt
   // file leaves the engine untouched (costs a second read of every file)
@@ -243,6 +244,17 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
           }
         }
       }
+      // The chunk, sized for the largest piece that goes through it (a conversion, device memory)
+      // and the largest state that starts over.
+      std::uint64_t chunk_needed = 0;
+      for (const auto& [q, list] : pieces)
+        for (const load_piece& pc : list)
+          if (!pc.direct) chunk_needed = std::max(chunk_needed, chunk_bytes_for(pc.numel, pc.from, pc.to));
+      for (param_id p = 0; p < by_param.size(); ++p)
+        if (!by_param[p]->optimizer_state && eng.has_optimizer_state(p))
+          chunk_needed = std::max(chunk_needed,
+                                  chunk_bytes_for(eng.layout(p).shard_numel, eng.store()[p].type, dtype::f32));
+      chunk.fit(chunk_needed);
       const bool verify_now = o.verify_checksums && !o.verify_before_loading;
       for (auto& [q, f] : files) {
         const bool mine = verify_now && q % world == rank;

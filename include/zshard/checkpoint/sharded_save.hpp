@@ -5,8 +5,10 @@
 //     creates its temporary directory; one small collective tells every rank the name, or the
 //     error (an unwritable directory fails here, on every rank, before anyone writes).
 //  2. Every rank streams its own state into rank-0000r.safetensors (manifest.hpp): parameter
-//     by parameter through one chunk of save_options::chunk_bytes, CRC32C on the way, fsync.
-//     With offload::host_adam the optimizer state is written from host memory directly. A frozen
+//     by parameter through one chunk of at most save_options::chunk_bytes (no larger than the
+//     largest field needs), CRC32C on the way, fsync. Fields in host memory (the host backend's
+//     shards, offload::host_adam's state) are written from where they live, and a rank that has
+//     only those allocates no chunk. A frozen
 //     parameter's kept optimizer state (set_trainable) is saved like a trainable one's: its
 //     update count is, and resuming it with zero moments would not be the same run.
 //  3. Ranks meet through marker files, not a collective (rank_writes.hpp): a slow disk cannot
@@ -18,6 +20,7 @@
 //     and removes checkpoints beyond keep_last; a last small collective reports the outcome.
 // A failure or crash anywhere leaves the previous checkpoint and `latest` as they were. The
 // engine is only read.
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -36,7 +39,7 @@ namespace zshard::checkpoint {
 struct save_options {
   std::size_t keep_last = 0;  // complete checkpoints to keep in DIR (0: all)
   std::string user_state{};   // the training stack's own bytes (data position, ...); rank 0's is saved
-  std::size_t chunk_bytes = std::size_t{64} << 20;                  // host memory each rank moves data through
+  std::size_t chunk_bytes = std::size_t{64} << 20;                  // host memory each rank moves data through, at most
   std::chrono::milliseconds io_timeout = std::chrono::minutes(30);  // how long ranks wait for the slowest writer
   io_hook hook{};  // tests: sees every file-system call of the save (io_hook.hpp): a full disk, a slow one, a crash
 };
@@ -94,22 +97,38 @@ written_file write_rank_file(Engine& eng, const manifest& m, int rank, const std
                       f == state_field::working ? file_dtype_of(p.type) : file_dtype::f32,
                       {static_cast<std::int64_t>(e - b)}});
   }
-  safetensors_writer w(path, std::move(plan),
-                       {{"zshard_rank", std::to_string(rank)}, {"zshard_world", std::to_string(m.world_size)}}, hook);
+  // The fields in file order; those in host memory are written from where they live, the others
+  // through the chunk, sized for the largest of them.
+  struct field_write {
+    param_id p;
+    state_field f;
+    dtype t;
+    std::uint64_t n;
+    const void* direct;
+  };
+  std::vector<field_write> fields;
+  std::uint64_t chunk_needed = 0;
   for (param_id p = 0; p < m.params.size(); ++p) {
     const auto& mp = m.params[p];
     const auto [b, e] = mp.stored_range(rank);
     for (state_field f : e == b ? std::vector<state_field>{} : saved_fields(mp.optimizer_state)) {
       const dtype t = f == state_field::working ? mp.type : dtype::f32;
-      if (const void* direct = eng.shard_host_data(p, f)) {  // host memory: written from where it lives
-        w.write(direct, (e - b) * size_of(t));
-        continue;
-      }
-      chunked_copy(
-          chunk.bytes_at(0), chunk.bytes(), e - b, t, t,
-          [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, f, first, dst, k); },
-          [&](std::uint64_t, std::size_t k, const void* src) { w.write(src, k * size_of(t)); });
+      fields.push_back({p, f, t, e - b, eng.shard_host_data(p, f)});
+      if (!fields.back().direct) chunk_needed = std::max(chunk_needed, chunk_bytes_for(e - b, t, t));
     }
+  }
+  chunk.fit(chunk_needed);
+  safetensors_writer w(path, std::move(plan),
+                       {{"zshard_rank", std::to_string(rank)}, {"zshard_world", std::to_string(m.world_size)}}, hook);
+  for (const field_write& fw : fields) {
+    if (fw.direct) {
+      w.write(fw.direct, fw.n * size_of(fw.t));
+      continue;
+    }
+    chunked_copy(
+        static_cast<char*>(chunk.data()), chunk.bytes(), fw.n, fw.t, fw.t,
+        [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(fw.p, fw.f, first, dst, k); },
+        [&](std::uint64_t, std::size_t k, const void* src) { w.write(src, k * size_of(fw.t)); });
   }
   return w.finish();
 }
@@ -150,7 +169,7 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
       eng, markers, o.io_timeout, what,
       [&]() -> std::string {
         if (!writes) return "";  // a replica other than 0 under hybrid sharding: replica 0 writes
-        host_staging chunk(eng.backend(), o.chunk_bytes);
+        lazy_host_staging<typename Engine::backend_type> chunk(eng.backend(), o.chunk_bytes);
         const written_file wf = write_rank_file(eng, m, file_rank, path, chunk, hook);
         return std::to_string(wf.bytes) + " " + std::to_string(wf.crc);
       },
