@@ -2,7 +2,7 @@
 # Idempotent set-up: installs the Debian packages zshard's build needs, only if missing.
 # Used by both README commands and by .ci/run.
 set -euo pipefail
-packages=(cmake ninja-build g++ make libeigen3-dev doctest-dev nlohmann-json3-dev python3 python3-venv libopenmpi-dev openmpi-bin)
+packages=(cmake ninja-build ccache g++ make libeigen3-dev doctest-dev nlohmann-json3-dev python3 python3-venv libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

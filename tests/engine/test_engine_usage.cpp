@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "../support/error_capture.hpp"
-#include "../support/no_restrict_warning.hpp"
 #include "../support/policies.hpp"
 #include "toy_training.hpp"
 
@@ -37,9 +36,7 @@ TEST_CASE("model registration errors") {
 TEST_CASE("a module of many parameters: duplicates found wherever they are, named in the error") {
   model_spec spec;
   std::vector<param_id> ps;
-  ZSHARD_TEST_NO_RESTRICT_WARNING_BEGIN  // g++ 12 -O3 false positive (support/no_restrict_warning.hpp)
   for (int i = 0; i < 20000; ++i) ps.push_back(spec.add_param("p" + std::to_string(i), {1}));
-  ZSHARD_TEST_NO_RESTRICT_WARNING_END
   auto dup = ps;
   dup.push_back(ps[12345]);
   CHECK(message_of([&] { spec.add_module("flat", dup); }).find("lists parameter 'p12345' twice") != std::string::npos);

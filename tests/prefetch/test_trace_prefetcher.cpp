@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "../support/no_restrict_warning.hpp"
 #include "../support/policies.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
@@ -28,9 +27,7 @@ constexpr std::int64_t numel = 30;  // padded to 30 for world 1, 2, 3
 
 model_spec chain() {
   model_spec spec;
-  ZSHARD_TEST_NO_RESTRICT_WARNING_BEGIN  // g++ 12 -O3 false positive (support/no_restrict_warning.hpp)
   for (int m = 0; m < modules; ++m) spec.add_module("m" + std::to_string(m), {spec.add_param("w" + std::to_string(m), {numel})});
-  ZSHARD_TEST_NO_RESTRICT_WARNING_END
   return spec;
 }
 
@@ -149,7 +146,6 @@ TEST_CASE("trace prefetcher: reuse advice from the index equals a scan of the tr
     model_spec spec;
     const int n_params = 3 + int(rng() % 12), n_modules = 2 + int(rng() % 10);
     std::vector<param_id> ps;
-    ZSHARD_TEST_NO_RESTRICT_WARNING_BEGIN  // g++ 12 -O3 false positive (support/no_restrict_warning.hpp)
     for (int p = 0; p < n_params; ++p)
       ps.push_back(spec.add_param("p" + std::to_string(p), {std::int64_t(1 + rng() % 40)}));
     for (int m = 0; m < n_modules; ++m) {
@@ -158,7 +154,6 @@ TEST_CASE("trace prefetcher: reuse advice from the index equals a scan of the tr
         if (rng() % 3 == 0) mine.push_back(p);
       spec.add_module("m" + std::to_string(m), mine);
     }
-    ZSHARD_TEST_NO_RESTRICT_WARNING_END
     engine_config cfg;
     cfg.partition.persistence_threshold_numel = 8;  // some replicated: they hold no gathered elements
     cfg.prefetch.max_reuse_distance = rng() % 120;

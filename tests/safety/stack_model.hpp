@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "../support/no_restrict_warning.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
 #include "zshard/engine/engine.hpp"
@@ -50,10 +49,8 @@ inline model_spec stack_spec(int blocks, int experts) {
     const param_id w = spec.add_param(name + ".w", {7, 9}), b = spec.add_param(name + ".b", {9}, {.decay = false});
     spec.add_module(name, {w, b});
   };
-  ZSHARD_TEST_NO_RESTRICT_WARNING_BEGIN  // g++ 12 -O3 false positive (support/no_restrict_warning.hpp)
   for (int i = 0; i < blocks; ++i) add("b" + std::to_string(i));
   for (int i = 0; i < experts; ++i) add("e" + std::to_string(i));
-  ZSHARD_TEST_NO_RESTRICT_WARNING_END
   return spec;
 }
 

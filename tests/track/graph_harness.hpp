@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "../support/no_restrict_warning.hpp"
 #include "../support/impl_family.hpp"
 #include "zshard/backend/host_backend.hpp"
 #include "zshard/comm/thread_comm.hpp"
@@ -76,12 +75,10 @@ inline model_spec make_spec(const graph& g) {
       for (param_id q : m) listed = listed || q == param_id(p);
     if (!listed) unlisted.push_back(param_id(p));
   }
-  ZSHARD_TEST_NO_RESTRICT_WARNING_BEGIN  // g++ 12 -O3 false positive (support/no_restrict_warning.hpp)
   for (std::size_t p = 0; p < g.param_sizes.size(); ++p)
     spec.add_param("p" + std::to_string(p), {g.param_sizes[p]},
                    {.trainable = g.trainable[p], .init = [p](std::int64_t i) { return float(p) * 1000.0f + float(i); }});
   for (std::size_t m = 0; m < g.modules.size(); ++m) spec.add_module("m" + std::to_string(m), g.modules[m]);
-  ZSHARD_TEST_NO_RESTRICT_WARNING_END
   if (!unlisted.empty()) spec.add_module("never_called", unlisted);
   return spec;
 }
@@ -199,7 +196,6 @@ void run_and_check(const graph& g, int world) {
 }
 
 inline std::string graph::describe() const {
-  ZSHARD_TEST_NO_RESTRICT_WARNING_BEGIN  // g++ 12 -O3 false positive (support/no_restrict_warning.hpp)
   std::string s = "graph{params:";
   for (std::size_t p = 0; p < param_sizes.size(); ++p)
     s += " " + std::to_string(param_sizes[p]) + (trainable[p] ? "" : "(frozen)");
@@ -217,7 +213,6 @@ inline std::string graph::describe() const {
        ", prefetch " + std::to_string(cfg.prefetch.prefetch_numel) + ", reuse " +
        std::to_string(cfg.prefetch.max_reuse_distance) + ", bucket " + std::to_string(cfg.reduce.reduce_bucket_numel) +
        ", persist " + std::to_string(cfg.partition.persistence_threshold_numel) + "}";
-  ZSHARD_TEST_NO_RESTRICT_WARNING_END
   return s;
 }
 

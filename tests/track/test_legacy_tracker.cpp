@@ -14,12 +14,10 @@ constexpr std::int64_t block_numel = 64;
 
 model_spec chain() {
   model_spec spec;
-  ZSHARD_TEST_NO_RESTRICT_WARNING_BEGIN  // g++ 12 -O3 false positive (support/no_restrict_warning.hpp)
   for (int b = 0; b < blocks; ++b) {
     const auto w = spec.add_param("w" + std::to_string(b), {block_numel});
     spec.add_module("block" + std::to_string(b), {w});
   }
-  ZSHARD_TEST_NO_RESTRICT_WARNING_END
   return spec;
 }
 
