@@ -11,12 +11,16 @@
 
 namespace zshard::checkpoint {
 
-// The chunk bytes that move n elements from `from` to `to` in one piece: chunked_copy never uses
-// more, so a chunk of this size for the largest piece, where that is below the caller's limit,
-// does the same work in less memory.
-constexpr std::uint64_t chunk_bytes_for(std::uint64_t n, dtype from, dtype to) noexcept {
-  const std::uint64_t per = from == to ? size_of(from) : size_of(from) + size_of(to);
+// The chunk bytes that hold n elements in every array a copy lays out in its chunk (`per`: their
+// bytes per element together), each array rounded up to 16 elements as the copies align them: a
+// copy never uses more, so a chunk of this size for the largest piece, where that is below the
+// caller's limit, does the same work in less memory.
+constexpr std::uint64_t chunk_bytes_for_arrays(std::uint64_t n, std::uint64_t per) noexcept {
   return (n + 15) / 16 * 16 * per;
+}
+// chunked_copy's: the elements as read, and converted when the types differ.
+constexpr std::uint64_t chunk_bytes_for(std::uint64_t n, dtype from, dtype to) noexcept {
+  return chunk_bytes_for_arrays(n, from == to ? size_of(from) : size_of(from) + size_of(to));
 }
 
 template <class Read, class Write>

@@ -62,7 +62,7 @@ inline std::uint64_t transposed_chunk_numel(std::size_t chunk_bytes, dtype from,
 }
 // The chunk bytes that move n elements in one transposed piece (more is never used).
 constexpr std::uint64_t transposed_chunk_bytes_for(std::uint64_t n, dtype from, dtype to) noexcept {
-  return (n + 15) / 16 * 16 * (size_of(from) + 2 * size_of(to));
+  return chunk_bytes_for_arrays(n, size_of(from) + 2 * size_of(to));
 }
 
 // Elements [b, e) of a (rows, cols) parameter into a file that holds its transpose.

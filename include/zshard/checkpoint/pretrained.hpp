@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "zshard/checkpoint/agreement.hpp"
+#include "zshard/checkpoint/chunked_copy.hpp"
 #include "zshard/checkpoint/host_staging.hpp"
 #include "zshard/checkpoint/safetensors_reader.hpp"
 #include "zshard/checkpoint/sharded_load.hpp"
@@ -134,7 +135,7 @@ pretrained_report load_pretrained(Engine& eng, const std::string& path, const pr
       const auto [b, e] = held_range(eng, p);
       const std::uint64_t per = (eng.spec().params()[p].file_transposed ? 2 : 1) * size_of(*param_dtype_of(at[p].tensor->type)) +
                                 4 + size_of(eng.store()[p].type);
-      needed = std::max(needed, (e - b + 15) / 16 * 16 * per);
+      needed = std::max(needed, chunk_bytes_for_arrays(e - b, per));
     }
     if (needed > 0 && needed < chunk_bytes) chunk_bytes = static_cast<std::size_t>(needed);
     // the chunk fits the budget (checked here, so every rank knows); allocated again below,
