@@ -18,6 +18,9 @@
 // t_raw / t_zshard, where t_raw is the better of the MPI library's own blocking call (mpiraw
 // rows) and its non-blocking call + MPI_Wait (mpi_nb rows) (< 1: zshard slower at that size),
 // over rank counts that fit the hardware threads (the *_oversubscribed figures: the others).
+// mpi_p2p_allgather_vs_raw and mpi_allgather_vs_p2p: the same worst case for an all-gather of
+// bare MPI_Isend/MPI_Irecv (mpip2p rows: zshard's data messages without its argument header)
+// against the library, and for zshard against it (what the header costs).
 // A second section (thread_latency.hpp) times small collectives: thread_allreduce_small_us.
 //
 // Usage: comm_bandwidth [--quick]      (--mpi-worker: internal, the MPI half under mpiexec)
@@ -104,8 +107,9 @@ double best_collective_seconds(op_kind op, int ranks, std::size_t bytes, int rep
   return best;
 }
 
-// mpi_raw / mpi_raw_nb: the MPI library's own blocking / non-blocking collective
-enum class comm_kind { thread, mpi, mpi_raw, mpi_raw_nb };
+// mpi_raw / mpi_raw_nb: the MPI library's own blocking / non-blocking collective; mpi_p2p: the
+// direct messages zshard's all_gather sends for its data, without its argument header
+enum class comm_kind { thread, mpi, mpi_raw, mpi_raw_nb, mpi_p2p };
 
 struct row {
   std::size_t bytes;
@@ -134,7 +138,9 @@ std::vector<std::size_t> mpi_sizes_for(bool quick) {
 
 // Under mpiexec: rank 0 prints "row <bytes> <kind> <seconds> <memcpy seconds>" per size and
 // kind (0/1: zshard's all_gather/reduce_scatter; 2/3: the MPI library's blocking calls; 4/5:
-// its non-blocking calls + MPI_Wait). Each time is the best of several batches of back-to-back
+// its non-blocking calls + MPI_Wait; 6: an all-gather of MPI_Isend/MPI_Irecv to and from every
+// peer, the local block copied meanwhile: zshard's data messages without the header message
+// that carries its arguments, so 6 against 0 is what that check costs). Each time is the best of several batches of back-to-back
 // calls between two MPI_Barriers, divided by the batch: the engine issues collectives back to
 // back, and a barrier per call would dwarf a 4 KiB one. All rows use the same barrier.
 int mpi_worker(int argc, char** argv, bool quick) {
@@ -150,8 +156,10 @@ int mpi_worker(int argc, char** argv, bool quick) {
       std::vector<float> shard(count, 0.5f);
       const double t_memcpy = best_memcpy_seconds(bytes, reps);
       const auto wait = [](MPI_Request& r) { MPI_Wait(&r, MPI_STATUS_IGNORE); };
+      std::vector<MPI_Request> p2p(2 * static_cast<std::size_t>(ranks), MPI_REQUEST_NULL);
       // MPI_Reduce_scatter_block reduces in MPI's order, not what zshard guarantees: a baseline only.
-      const std::function<void()> calls[6] = {
+      constexpr int kinds = 7;
+      const std::function<void()> calls[kinds] = {
           [&] { c.all_gather(shard.data(), full.data(), count, zshard::dtype::f32); },
           [&] { c.reduce_scatter(full.data(), shard.data(), count, zshard::dtype::f32, zshard::reduce_op::sum); },
           [&] { MPI_Allgather(shard.data(), n, MPI_FLOAT, full.data(), n, MPI_FLOAT, h); },
@@ -165,13 +173,22 @@ int mpi_worker(int argc, char** argv, bool quick) {
             MPI_Request r;
             MPI_Ireduce_scatter_block(full.data(), shard.data(), n, MPI_FLOAT, MPI_SUM, h, &r);
             wait(r);
+          },
+          [&] {
+            const int me = c.rank();
+            for (int q = 0; q < ranks; ++q)
+              if (q != me) MPI_Irecv(full.data() + q * count, n, MPI_FLOAT, q, 0, h, &p2p[2 * std::size_t(q)]);
+            for (int q = 0; q < ranks; ++q)
+              if (q != me) MPI_Isend(shard.data(), n, MPI_FLOAT, q, 0, h, &p2p[2 * std::size_t(q) + 1]);
+            std::memcpy(full.data() + me * count, shard.data(), count * sizeof(float));
+            MPI_Waitall(static_cast<int>(p2p.size()), p2p.data(), MPI_STATUSES_IGNORE);
           }};
       // Interleaved: each round times every kind once, so a busy spell of a shared machine
       // falls on all of them rather than on one kind's every repeat.
-      double t[6];
+      double t[kinds];
       std::fill(std::begin(t), std::end(t), std::numeric_limits<double>::infinity());
       for (int it = -1; it < reps; ++it)
-        for (int k = 0; k < 6; ++k) {
+        for (int k = 0; k < kinds; ++k) {
           MPI_Barrier(h);
           const auto t0 = clock_type::now();
           for (int b = 0; b < batch; ++b) calls[k]();
@@ -179,7 +196,7 @@ int mpi_worker(int argc, char** argv, bool quick) {
           if (it >= 0) t[k] = std::min(t[k], seconds_since(t0) / batch);
         }
       if (c.rank() == 0)
-        for (int k = 0; k < 6; ++k) std::printf("row %zu %d %.9f %.9f\n", bytes, k, t[k], t_memcpy);
+        for (int k = 0; k < kinds; ++k) std::printf("row %zu %d %.9f %.9f\n", bytes, k, t[k], t_memcpy);
     }
     std::fflush(stdout);
   });
@@ -200,12 +217,12 @@ std::vector<row> mpi_rows(int ranks, bool quick) {
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return rows;
   char line[256];
-  constexpr comm_kind kinds[] = {comm_kind::mpi, comm_kind::mpi_raw, comm_kind::mpi_raw_nb};
+  constexpr comm_kind kinds[] = {comm_kind::mpi, comm_kind::mpi_raw, comm_kind::mpi_raw_nb, comm_kind::mpi_p2p};
   while (std::fgets(line, sizeof line, p)) {
     std::size_t bytes = 0;
     int kind = 0;
     double secs = 0, t_memcpy = 0;
-    if (std::sscanf(line, "row %zu %d %lf %lf", &bytes, &kind, &secs, &t_memcpy) != 4 || kind < 0 || kind > 5) continue;
+    if (std::sscanf(line, "row %zu %d %lf %lf", &bytes, &kind, &secs, &t_memcpy) != 4 || kind < 0 || kind > 6) continue;
     rows.push_back(
         {bytes, ranks, kind % 2 == 0 ? op_kind::all_gather : op_kind::reduce_scatter, secs, t_memcpy, kinds[kind / 2]});
   }
@@ -216,7 +233,7 @@ std::vector<row> mpi_rows(int ranks, bool quick) {
 
 void print_row(const row& r) {
   const double s = static_cast<double>(r.bytes);
-  constexpr const char* names[] = {"thread", "mpi", "mpiraw", "mpi_nb"};
+  constexpr const char* names[] = {"thread", "mpi", "mpiraw", "mpi_nb", "mpip2p"};
   std::printf("%8.3f %-6s %5d %-15s %10.3f %12.2f %12.2f %12.2f %7.2f\n", static_cast<double>(r.bytes) / mib,
               names[static_cast<int>(r.comm)], r.ranks, r.op == op_kind::all_gather ? "all_gather" : "reduce_scatter",
               r.seconds * 1e6, s / r.seconds / 1e9, r.ranks * s / r.seconds / 1e9, s / r.memcpy_seconds / 1e9,
@@ -298,18 +315,22 @@ int main(int argc, char** argv) {
   // Rows with more processes than hardware threads measure the scheduler more than either
   // implementation: they get a figure of their own.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  auto worst_vs_raw = [&](op_kind op, bool oversubscribed) {
+  // (`of`: whose time is divided into the library's; `against`: the library's calls compared)
+  auto worst_vs = [&](comm_kind of, std::initializer_list<comm_kind> against, op_kind op, bool oversubscribed) {
     double worst = std::numeric_limits<double>::infinity();
     for (const row& r : rows)
-      if (r.comm == comm_kind::mpi && r.op == op && (r.ranks > cores) == oversubscribed) {
+      if (r.comm == of && r.op == op && (r.ranks > cores) == oversubscribed) {
         double raw = std::numeric_limits<double>::infinity();
         for (const row& t : rows)
-          if ((t.comm == comm_kind::mpi_raw || t.comm == comm_kind::mpi_raw_nb) && t.op == op && t.ranks == r.ranks &&
-              t.bytes == r.bytes)
+          if (std::find(against.begin(), against.end(), t.comm) != against.end() && t.op == op &&
+              t.ranks == r.ranks && t.bytes == r.bytes)
             raw = std::min(raw, t.seconds);
         worst = std::min(worst, raw / r.seconds);
       }
     return std::isfinite(worst) ? worst : 0.0;
+  };
+  auto worst_vs_raw = [&](op_kind op, bool oversubscribed) {
+    return worst_vs(comm_kind::mpi, {comm_kind::mpi_raw, comm_kind::mpi_raw_nb}, op, oversubscribed);
   };
   std::vector<double> memcpy_rates;
   for (const row& r : rows)
@@ -332,6 +353,10 @@ int main(int argc, char** argv) {
   std::printf("mpi_reducescatter_vs_raw: %.2f\n", worst_vs_raw(op_kind::reduce_scatter, false));
   std::printf("mpi_allgather_vs_raw_oversubscribed: %.2f\n", worst_vs_raw(op_kind::all_gather, true));
   std::printf("mpi_reducescatter_vs_raw_oversubscribed: %.2f\n", worst_vs_raw(op_kind::reduce_scatter, true));
+  // The header message's share: the same data messages without it, against the library and against zshard.
+  std::printf("mpi_p2p_allgather_vs_raw: %.2f\n",
+              worst_vs(comm_kind::mpi_p2p, {comm_kind::mpi_raw, comm_kind::mpi_raw_nb}, op_kind::all_gather, false));
+  std::printf("mpi_allgather_vs_p2p: %.2f\n", worst_vs(comm_kind::mpi, {comm_kind::mpi_p2p}, op_kind::all_gather, false));
   std::printf("mpi_allgather_vs_memcpy: %.2f\n", collect(mp, op_kind::all_gather, 0, true));
   std::printf("mpi_reducescatter_vs_memcpy: %.2f\n", collect(mp, op_kind::reduce_scatter, 0, true));
   std::printf("mpi_vs_thread_allgather: %.2f\n", speedup(comm_kind::thread, op_kind::all_gather));

@@ -34,6 +34,10 @@
 //                             adam_vs_reference_kernel)
 //   fused_vs_unfused          unfused time / fused time              (34 vs 30 bytes)
 //   adam_vs_scalar            scalar time / fused time
+//   adam_same_kernel_spread   adam_f32 against its twin (f32_pf2k or f32_pf0, whichever has this
+//                             process's prefetch distance: the same code, pool and tiles), the
+//                             worse way round: the noise floor of every ratio above. A figure
+//                             that misses its target by less than 1 - this spread is a tie.
 //
 // Sizes: 512K parameters (14 MB of state: in the last-level cache of current servers), 8M
 // (224 MB) and 128M (3.6 GB: memory-bound everywhere). The CPU model (/proc/cpuinfo) is printed
@@ -347,6 +351,11 @@ int main(int argc, char** argv) {
               "Mparams/s", "GB/s", "vs_ceiling");
   double worst_f32 = 1e9, worst_pf0 = 1e9, worst_pf2k = 1e9, worst_bf16 = 1e9, worst_ref = 1e9;
   double worst_unfused = 1e9, worst_scalar = 1e9;
+  // adam_f32's twin: the side-by-side kernel with the same prefetch distance (f32_pf2k or
+  // f32_pf0), the same code on the same pool. Their spread is this run's noise floor.
+  const std::size_t distance = optim::adamw_prefetch_bytes();
+  const char* twin = distance == optim::intel_tuned_prefetch_bytes ? "f32_pf2k" : distance == 0 ? "f32_pf0" : nullptr;
+  double worst_twin = 1e9;
   for (std::size_t n : sizes) {
     for (int threads : thread_counts) {
       const row& ceil30 = find(rows, n, threads, "ceiling");
@@ -369,6 +378,8 @@ int main(int argc, char** argv) {
         worst_pf2k = std::min(worst_pf2k, ceil28.seconds / r->seconds);
       if (const row* r = lookup(rows, n, threads, "ref_f32")) worst_ref = std::min(worst_ref, r->seconds / f32.seconds);
       if (const row* r = lookup(rows, n, threads, "ref_bf16")) worst_ref = std::min(worst_ref, r->seconds / fused.seconds);
+      if (const row* r = twin ? lookup(rows, n, threads, twin) : nullptr)
+        worst_twin = std::min({worst_twin, r->seconds / f32.seconds, f32.seconds / r->seconds});
       worst_unfused = std::min(worst_unfused, find(rows, n, threads, "unfused").seconds / fused.seconds);
       worst_scalar = std::min(worst_scalar, find(rows, n, threads, "scalar").seconds / fused.seconds);
     }
@@ -380,6 +391,7 @@ int main(int argc, char** argv) {
   std::printf("adam_vs_scalar: %.3f\n", worst_scalar);
   if (worst_pf0 < 1e9) std::printf("pf0_vs_f32_ceiling: %.3f\n", worst_pf0);
   if (worst_pf2k < 1e9) std::printf("pf2k_vs_f32_ceiling: %.3f\n", worst_pf2k);
+  if (worst_twin < 1e9) std::printf("adam_same_kernel_spread: %.3f\n", worst_twin);
   std::printf("adam_vs_f32_ceiling: %.3f\n", worst_f32);
   if (worst_ref < 1e9)
     std::printf("adam_vs_deepspeed: %.3f\n", worst_ref);
