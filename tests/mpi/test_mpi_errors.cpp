@@ -62,6 +62,32 @@ TEST_CASE("ranks that disagree on a collective's arguments fail on every rank, n
     msg = comm_error([&] { d.reduce_scatter(src.data(), dst.data(), n, dtype::f32, reduce_op::sum); });
     CHECK(msg.find("rank 1 called reduce_scatter(count=2048, f32, sum) as collective #0") != std::string::npos);
   }
+  // Every rank's block is over inline_bytes and rank 1's is twice the others': its data messages
+  // are longer than the receives the others would post for them, and Open MPI writes such a
+  // message past the end of its receive. Nothing may be received before the headers matched:
+  // the guard after each buffer stays as it was, and the caller's buffers too.
+  SUBCASE("counts that differ above the inline size write nothing into either buffer") {
+    const std::size_t most = 4096, n = r == 1 ? most : most / 2;  // 16 KiB on rank 1, 8 KiB elsewhere
+    // each rank's buffers at its own count, then a guard where a longer message would spill
+    const std::size_t all = n * static_cast<std::size_t>(probe.size()), guard = 2 * most;
+    std::vector<float> src(all + guard, 1.0f), dst(all + guard, -1.0f);
+    mpi_comm c(MPI_COMM_WORLD, mpi_test::options());
+    std::string msg = comm_error([&] { c.all_gather(src.data(), dst.data(), n, dtype::f32); });
+    CHECK(msg.find("collective mismatch: rank 0 called all_gather(count=2048, f32)") != std::string::npos);
+    CHECK(msg.find("rank 1 called all_gather(count=4096, f32) as collective #0") != std::string::npos);
+    probe.barrier();  // MPI progresses every request here: a receive left posted would complete now
+    const auto untouched = [&](std::size_t from) {
+      return std::count(dst.begin() + static_cast<std::ptrdiff_t>(from), dst.end(), -1.0f) ==
+             static_cast<std::ptrdiff_t>(dst.size() - from);
+    };
+    CHECK(untouched(all));  // nothing past the buffer
+    CHECK(untouched(0));    // nor in it
+    mpi_comm d(MPI_COMM_WORLD, mpi_test::options());
+    msg = comm_error([&] { d.reduce_scatter(src.data(), dst.data(), n, dtype::f32, reduce_op::sum); });
+    CHECK(msg.find("rank 1 called reduce_scatter(count=4096, f32, sum) as collective #0") != std::string::npos);
+    probe.barrier();
+    CHECK(untouched(0));
+  }
   SUBCASE("a skipped collective") {
     mpi_comm c(MPI_COMM_WORLD, mpi_test::options());
     const std::string msg = comm_error([&] {
@@ -85,6 +111,39 @@ TEST_CASE("ranks that disagree on a collective's arguments fail on every rank, n
             c3.broadcast(a.data(), 4, dtype::f32, r == 1 ? 1 : 0);
           }).find("rank 1 called broadcast(count=4, f32, root=1)") != std::string::npos);
   }
+  probe.barrier();
+}
+
+// Options that shape messages must agree (a first message longer than its receive slot would
+// be written past it): construction fails on every rank, naming the range.
+TEST_CASE("ranks that pass different inline_bytes or check_arguments fail at construction, on every rank") {
+  mpi_comm probe(MPI_COMM_WORLD, mpi_test::options());
+  if (probe.size() < 2) return;
+  const int r = probe.rank();
+  mpi_options o = mpi_test::options();
+  o.inline_bytes = r == 1 ? 65536 : 4096;
+  std::string msg;
+  try {
+    mpi_comm c(MPI_COMM_WORLD, o);
+  } catch (const error& e) {
+    CHECK(e.kind() == error_kind::usage);
+    msg = e.what();
+  }
+  CHECK(msg.find("different mpi_options: inline_bytes from 4096 to 65536") != std::string::npos);
+  o = mpi_test::options();
+  o.check_arguments = r != 0;
+  msg.clear();
+  try {
+    mpi_comm c(MPI_COMM_WORLD, o);
+  } catch (const error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("check_arguments on some ranks, off on others") != std::string::npos);
+  // The world is still usable afterwards: nothing was left in flight.
+  mpi_comm after(MPI_COMM_WORLD, mpi_test::options());
+  float x = float(r), sum = 0;
+  after.all_reduce(&x, &sum, 1, dtype::f32, reduce_op::sum);
+  CHECK(sum == float(probe.size() * (probe.size() - 1) / 2));
   probe.barrier();
 }
 

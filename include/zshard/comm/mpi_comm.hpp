@@ -20,7 +20,7 @@
 // - Each collective's arguments (kind, sequence number, count, dtype, op, root) reach every
 //   peer in its first message: ranks that call different collectives, skip one or disagree on a
 //   count fail with the same "collective mismatch" message thread_comm gives, on every rank,
-//   before any of the collective's data is used. all_gather and reduce_scatter carry them in
+//   before any of the collective's data reaches the caller's buffers. all_gather and reduce_scatter carry them in
 //   their own messages; the others spend one small round on them (check_arguments, the default).
 // - A rank that ends its run (finish(), called by run_mpi) tells its peers how many collectives
 //   it took part in, on this communicator and on every one split from it; a peer waiting in a
@@ -40,7 +40,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -84,6 +83,7 @@ class mpi_comm {
     own_->ctrl = ctrl_;
     own_->peer_done.assign(static_cast<std::size_t>(size_), -1);
     root_ = own_;
+    check_options_agree();
   }
 
   mpi_comm(mpi_comm&& o) noexcept { take(o); }
@@ -157,18 +157,9 @@ class mpi_comm {
       throw error(error_kind::usage, "all_reduce: src and dst overlap without being equal");
     if (!begin(detail::collective::all_reduce, count, t, op, 0)) return;
     as_int(count);
-    const auto un = static_cast<std::size_t>(size_);
-    std::vector<int> lens(un), offs(un), mine_lens(un), mine_offs(un);
-    for (int q = 0; q < size_; ++q) {
-      const auto [lo, hi] = detail::split_range(count, size_, q);
-      lens[static_cast<std::size_t>(q)] = static_cast<int>(hi - lo);
-      offs[static_cast<std::size_t>(q)] = static_cast<int>(lo);
-    }
+    const auto [lens, offs, mine_lens, mine_offs] = mpi_detail::even_split_layout(count, size_, rank_);
     const int my_len = lens[static_cast<std::size_t>(rank_)];
-    for (std::size_t q = 0; q < un; ++q) {
-      mine_lens[q] = my_len;
-      mine_offs[q] = static_cast<int>(q) * my_len;
-    }
+    const auto un = static_cast<std::size_t>(size_);
     const MPI_Datatype mt = mpi_detail::type_of(t);
     const std::size_t es = size_of(t), my_bytes = static_cast<std::size_t>(my_len) * es;
     staging_.resize(my_bytes * (un + 1));  // every rank's slice r, then the reduced slice
@@ -210,14 +201,7 @@ class mpi_comm {
     try {
       mpi_comm out(sub, opts_);
       MPI_Comm_free(&sub);
-      // Its members in group order (key, then rank: as MPI_Comm_split), by their rank in the root.
-      std::vector<std::pair<std::int32_t, int>> members;
-      for (int q = 0; q < size_; ++q)
-        if (all[2 * static_cast<std::size_t>(q)] == color)
-          members.emplace_back(all[2 * static_cast<std::size_t>(q) + 1], q);
-      std::sort(members.begin(), members.end());
-      for (const auto& m : members)
-        out.root_rank_.push_back(root_rank_.empty() ? m.second : root_rank_[static_cast<std::size_t>(m.second)]);
+      out.root_rank_ = mpi_detail::members_by_root_rank(all, color, root_rank_);
       out.root_ = root_;
       out.group_id_ = mpi_detail::group_id(group_id_, split_seq, color);
       root_->my_groups[out.group_id_] = 0;
@@ -296,6 +280,22 @@ class mpi_comm {
     return static_cast<int>(count);
   }
 
+  // The options that shape messages must agree: a first message longer than its slot (inline_bytes)
+  // would be written past it (mpi_exchange.hpp), a rank skipping the argument round
+  // (check_arguments) would leave its peers waiting. Else a usage error on every rank.
+  void check_options_agree() {
+    mpi_detail::shaping_options most(opts_);
+    phase_ = "mpi_comm construction (comparing options)";
+    check(MPI_Iallreduce(MPI_IN_PLACE, most.values, 4, MPI_INT64_T, MPI_MAX, data_, &req_));
+    wait(req_);
+    phase_ = nullptr;
+    const std::string differ = most.disagreement();
+    if (differ.empty()) return;
+    release();  // no destructor runs for a constructor that throws
+    throw error(error_kind::usage, "mpi_comm: the ranks passed different mpi_options: " + differ,
+                "pass every rank the same mpi_options (timeout and spin may differ)");
+  }
+
   void check_usable(const char* what) const {
     if (!failed_.empty())
       throw error(
@@ -332,21 +332,21 @@ class mpi_comm {
     return count != 0 && kind != detail::collective::barrier;
   }
 
-  // all_gather's and reduce_scatter's messages (mpi_exchange.hpp): `count` elements (`block`
-  // bytes) from send_to(q) to each peer q, and from each peer q into receive_at(q). The payload
-  // rides in the first message when it fits, otherwise in a data message posted first.
-  // local_copy() runs while the messages are in flight.
+  // all_gather's and reduce_scatter's messages (mpi_exchange.hpp): `count` elements (`block` bytes)
+  // from send_to(q) to each peer q, from each peer q into receive_at(q); inline in the first message
+  // when it fits, else in a data message received once the headers matched. local_copy() overlaps it.
   template <class SendTo, class ReceiveAt, class LocalCopy>
   void exchange_blocks(std::size_t block, std::size_t count, dtype t, SendTo&& send_to, ReceiveAt&& receive_at,
                        LocalCopy&& local_copy) {
     const bool inline_payload = mpi_detail::header_room + block <= first_message_bytes();
     const auto checked = [this](int rc) { check(rc); };
     exchange_.start(data_, rank_, size_, first_message_bytes());
-    if (!inline_payload)  // count: checked by the caller (as_int)
-      exchange_.post_data(static_cast<int>(count), mpi_detail::type_of(t), send_to, receive_at, checked);
+    const int n = static_cast<int>(count);  // checked by the caller (as_int)
+    if (!inline_payload) exchange_.post_data_sends(n, mpi_detail::type_of(t), send_to, checked);
     exchange_.post_first(mpi_detail::header_of(slot_), inline_payload ? block : 0, send_to, checked);
-    local_copy();
     finish_first_messages();
+    if (!inline_payload) exchange_.post_data_receives(n, mpi_detail::type_of(t), receive_at, checked);
+    local_copy();  // after the check (a mismatch leaves the caller's buffers as they were)
     if (!inline_payload) return wait_all(exchange_.data);
     for (int q = 0; q < size_; ++q)
       if (q != rank_ && block != 0) std::memcpy(receive_at(q), exchange_.payload_from(q), block);

@@ -55,6 +55,20 @@ inline std::vector<std::uint64_t> done_notice(const lineage& l, std::uint64_t ro
   return out;
 }
 
+// A split's members in group order (key, then rank: as MPI_Comm_split), each by its rank in the
+// root, from every rank's (color, key) pair (`colors_keys`) and, for a communicator that is
+// itself a group, its members' root ranks (`root_rank`, empty in the root).
+inline std::vector<int> members_by_root_rank(const std::vector<std::int32_t>& colors_keys, int color,
+                                             const std::vector<int>& root_rank) {
+  std::vector<std::pair<std::int32_t, int>> members;
+  for (std::size_t q = 0; q < colors_keys.size() / 2; ++q)
+    if (colors_keys[2 * q] == color) members.emplace_back(colors_keys[2 * q + 1], static_cast<int>(q));
+  std::sort(members.begin(), members.end());
+  std::vector<int> out;
+  for (const auto& m : members) out.push_back(root_rank.empty() ? m.second : root_rank[static_cast<std::size_t>(m.second)]);
+  return out;
+}
+
 // Receives every notice waiting on the root's channel into l; returns an MPI error code.
 inline int receive_done_notices(lineage& l) {
   if (l.ctrl == MPI_COMM_NULL) return MPI_SUCCESS;

@@ -3,8 +3,7 @@
 // blocks they stage: each collective's arguments
 // travel as a header in a first message to every peer (the argument check, mpi_comm.hpp), and
 // all_gather and reduce_scatter carry their payload in that same message when it fits
-// (mpi_options::inline_bytes), otherwise in one data message per peer posted at the same time,
-// so the header's round overlaps the data's. Why not MPI's own collectives: measured with Open
+// (mpi_options::inline_bytes), otherwise in one data message per peer sent at the same time. Why not MPI's own collectives: measured with Open
 // MPI (bench/comm_bandwidth, bench/NOTES.md), MPI_Iallgather takes up to twice as long as the
 // blocking MPI_Allgather, and a separate argument round doubles a small collective; direct
 // messages to every peer match the blocking call from 4 KiB to 64 MiB, except that a block a
@@ -13,10 +12,15 @@
 // sends and n - 1 receives per collective (the bytes of a ring, in one step): meant for the
 // process counts of data-parallel training on host memory, not for thousands of ranks.
 //
-// When ranks disagree: a first message never exceeds its receive slot (inline_bytes on every
-// rank), so a peer that called something else is found by comparing headers, and the data
-// messages, received straight into the caller's buffers at this rank's own sizes, are waited for
-// only once every header matched (after a mismatch they are left to the MPI_Abort that follows).
+// When ranks disagree, no message may be longer than the receive that takes it: Open MPI 4.1
+// reports such a message as truncated only after writing all of it, past the end of the receive
+// buffer (measured: a 16 KiB message into an 8 KiB receive overwrote the 8 KiB after it). So a
+// first message never exceeds its receive slot (inline_bytes, the same on every rank: mpi_comm
+// checks it at construction), and a data message, sent with the first messages, is received only
+// once every rank's header matched, when its size is known to be the one expected. (Posting the
+// receives after the headers costs nothing measurable: a data message is over the eager size, so
+// its transfer waits for the receiver's side of the handshake either way.) After a mismatch the
+// sends are left to the MPI_Abort that follows, and the caller's buffers are untouched.
 #include <mpi.h>
 
 #include <algorithm>
@@ -65,14 +69,18 @@ class peer_exchange {
   }
   const std::byte* payload_from(int q) noexcept { return received(q) + header_room; }
 
-  // One data message of `count` elements of mt to and from every peer: from send_to(q), into
-  // receive_at(q). check(rc) is given every MPI return code.
-  template <class SendTo, class ReceiveAt, class Check>
-  void post_data(int count, MPI_Datatype mt, SendTo&& send_to, ReceiveAt&& receive_at, Check&& check) {
-    for (int q = 0; q < size_; ++q)
-      if (q != rank_) check(MPI_Irecv(receive_at(q), count, mt, q, data_tag, comm_, next(data)));
+  // One data message of `count` elements of mt to every peer, from send_to(q). check(rc) is
+  // given every MPI return code.
+  template <class SendTo, class Check>
+  void post_data_sends(int count, MPI_Datatype mt, SendTo&& send_to, Check&& check) {
     for (int q = 0; q < size_; ++q)
       if (q != rank_) check(MPI_Isend(send_to(q), count, mt, q, data_tag, comm_, next(data)));
+  }
+  // Every peer's data message into receive_at(q): only once every header matched (see above).
+  template <class ReceiveAt, class Check>
+  void post_data_receives(int count, MPI_Datatype mt, ReceiveAt&& receive_at, Check&& check) {
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_) check(MPI_Irecv(receive_at(q), count, mt, q, data_tag, comm_, next(data)));
   }
 
   // The first messages: a receive from every peer, and to every peer `h` followed by `payload`
@@ -136,6 +144,28 @@ class peer_exchange {
   std::size_t slot_bytes_ = header_room;
   std::vector<std::byte> received_, outgoing_;
 };
+
+// all_reduce's all-to-all of an even split (thread_comm's split_range): the elements this rank
+// sends each rank q (its slice q: lens[q] at offs[q]) and where it receives every rank's copy of
+// its own slice (mine_lens[q] at mine_offs[q]), as MPI_Alltoallv takes them.
+struct split_layout {
+  std::vector<int> lens, offs, mine_lens, mine_offs;
+};
+inline split_layout even_split_layout(std::size_t count, int size, int rank) {
+  const auto un = static_cast<std::size_t>(size);
+  split_layout l{std::vector<int>(un), std::vector<int>(un), std::vector<int>(un), std::vector<int>(un)};
+  for (int q = 0; q < size; ++q) {
+    const auto [lo, hi] = detail::split_range(count, size, q);
+    l.lens[static_cast<std::size_t>(q)] = static_cast<int>(hi - lo);
+    l.offs[static_cast<std::size_t>(q)] = static_cast<int>(lo);
+  }
+  const int my_len = l.lens[static_cast<std::size_t>(rank)];
+  for (std::size_t q = 0; q < un; ++q) {
+    l.mine_lens[q] = my_len;
+    l.mine_offs[q] = static_cast<int>(q) * my_len;
+  }
+  return l;
+}
 
 // Reduces `len` elements of each of `size` staged blocks (block q at staged + q * stride
 // elements) in rank order into out, with thread_comm's kernel, one chunk at a time.

@@ -21,8 +21,9 @@ struct mpi_options {
   bool check_arguments = true;
   // A collective's first message to each peer (its header, and its payload when that fits) is at
   // most this long; a larger payload follows in a message of its own (mpi_exchange.hpp). Open
-  // MPI's shared-memory transport sends up to 4 KiB eagerly. The same on every rank; each
-  // communicator keeps two buffers of size() * inline_bytes. At most 1 MiB.
+  // MPI's shared-memory transport sends up to 4 KiB eagerly. The same on every rank (checked at
+  // construction, as check_arguments); each communicator keeps two buffers of size() *
+  // inline_bytes. At most 1 MiB.
   std::size_t inline_bytes = 4096;
   // How long a wait polls MPI without yielding the core. MPI moves a large message one
   // fragment per poll, so a yield (a whole time slice on a loaded machine) per poll slows it;
@@ -45,6 +46,23 @@ inline void check_options(const mpi_options& o) {
                      std::to_string(max_inline_bytes) + " bytes",
                  "it sizes a message per peer: a few KiB (the transport's eager size, 4 KiB by default)");
 }
+// The options that shape messages (inline_bytes, check_arguments), as values whose maximum over
+// the ranks (MPI_MAX) gives both ends of each: {x, -x} per option.
+struct shaping_options {
+  std::int64_t values[4];
+  explicit shaping_options(const mpi_options& o)
+      : values{static_cast<std::int64_t>(o.inline_bytes), -static_cast<std::int64_t>(o.inline_bytes),
+               o.check_arguments ? 1 : 0, o.check_arguments ? -1 : 0} {}
+  // After the reduction: what differs between ranks, empty when nothing does.
+  std::string disagreement() const {
+    std::string d;
+    if (values[0] != -values[1])
+      d = "inline_bytes from " + std::to_string(-values[1]) + " to " + std::to_string(values[0]);
+    if (values[2] != -values[3]) d += std::string(d.empty() ? "" : "; ") + "check_arguments on some ranks, off on others";
+    return d;
+  }
+};
+
 inline std::string error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
