@@ -18,6 +18,9 @@ struct mpi_options {
   std::chrono::milliseconds timeout = default_comm_timeout;  // per collective, and for construction
   // Exchange each collective's arguments before its data (mpi_comm.hpp). all_gather and
   // reduce_scatter always carry them with their own messages, at no extra round, checked either way.
+  // Off, all_reduce, broadcast and barrier go straight to MPI's collectives, where ranks that
+  // disagree (another collective, another count) are MPI's undefined behaviour: a hang found by
+  // the timeout, or a message longer than its receive written past the receive's end.
   bool check_arguments = true;
   // A collective's first message to each peer (its header, and its payload when that fits) is at
   // most this long; a larger payload follows in a message of its own (mpi_exchange.hpp). Open
