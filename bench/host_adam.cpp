@@ -25,7 +25,10 @@
 // at the same n and threads.
 //
 // Key figures (after cpu_model: /proc/cpuinfo's model name), each the worst (minimum) over all
-// (n, threads) configurations:
+// (n, threads) configurations of a paired median: per round, the one kernel's time over the
+// other's in that same round, the median over rounds (the table's columns are best times; a
+// ratio of two best times compares each kernel's luckiest run, and on a shared machine two runs
+// of the same kernel differed by up to 10 % that way):
 //   adam_vs_f32_ceiling       ceil_f32 time / adam_f32 time          (target >= 0.95)
 //   adam_vs_bf16_ceiling      ceiling time / fused time              (was adam_vs_ceiling)
 //   pf0_vs_f32_ceiling        ceil_f32 time / f32_pf0 time           (prefetch off)
@@ -53,6 +56,8 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <numeric>
+#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -195,8 +200,21 @@ struct row {
   int threads;
   std::string kernel;
   double bytes_per_param;
-  double seconds;
+  double seconds;               // the best round
+  std::vector<double> rounds;   // every timed round, in order
 };
+
+// How much faster `a` ran than `b`, as the median over rounds of b's time over a's in the same
+// round: a slow spell of a shared machine (seconds long; a round is milliseconds) falls on both
+// alike, where the ratio of two best times compares the luckiest run of each.
+double paired(const row& a, const row& b) {
+  std::vector<double> r;
+  for (std::size_t i = 0; i < a.rounds.size() && i < b.rounds.size(); ++i) r.push_back(b.rounds[i] / a.rounds[i]);
+  if (r.empty()) return 0;
+  std::sort(r.begin(), r.end());
+  const std::size_t m = r.size() / 2;
+  return r.size() % 2 ? r[m] : 0.5 * (r[m - 1] + r[m]);
+}
 
 // The kernels of one configuration are timed in interleaved rounds (every kernel once per
 // round, best time per kernel kept), so a burst of load from other processes on a shared
@@ -206,21 +224,28 @@ struct timed_kernel {
   double bytes_per_param;
   std::function<void()> run;
   double best = std::numeric_limits<double>::infinity();
+  std::vector<double> times;  // per timed round
 };
 
-// Each round starts one kernel further along the list, so every kernel follows each of the
-// others in turn: what the previous kernel left in the cache (8M parameters' 224 MB fit in some
-// servers' last-level cache) favours none of them (in a fixed order two runs of the same
-// kernel measured 15 % apart).
+// Each round runs the kernels in a new order (a fixed-seed shuffle), so what the previous kernel
+// left in the cache (8M parameters' 224 MB are about a VM's share of a server's last-level cache)
+// favours none of them. A rotation of one list does not do that: every kernel keeps the same
+// predecessor, and two runs of the same kernel after different predecessors measured 5-10 %
+// apart in every round (in a fixed order, 15 %).
 void time_interleaved(std::vector<timed_kernel>& kernels, int rounds) {
-  const std::size_t count = kernels.size();
+  std::vector<std::size_t> order(kernels.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937 shuffle_rng(20261205);
   for (int it = -1; it < rounds; ++it) {
-    for (std::size_t j = 0; j < count; ++j) {
-      auto& k = kernels[(j + std::size_t(it + 1)) % count];
+    std::shuffle(order.begin(), order.end(), shuffle_rng);
+    for (std::size_t j : order) {
+      auto& k = kernels[j];
       const auto t0 = clock_type::now();
       k.run();
       const double t = std::chrono::duration<double>(clock_type::now() - t0).count();
-      if (it >= 0) k.best = std::min(k.best, t);  // round -1 warms up
+      if (it < 0) continue;  // round -1 warms up
+      k.best = std::min(k.best, t);
+      k.times.push_back(t);
     }
   }
 }
@@ -308,7 +333,7 @@ void measure(std::size_t n, int threads, int reps, std::vector<row>& rows) {
                        });
                      }});
   time_interleaved(kernels, reps);
-  for (const auto& k : kernels) rows.push_back({n, threads, k.name, k.bytes_per_param, k.best});
+  for (const auto& k : kernels) rows.push_back({n, threads, k.name, k.bytes_per_param, k.best, k.times});
 }
 
 const row* lookup(const std::vector<row>& rows, std::size_t n, int threads, std::string_view kernel) {
@@ -370,18 +395,17 @@ int main(int argc, char** argv) {
       }
       const row& fused = find(rows, n, threads, "fused");
       const row& f32 = find(rows, n, threads, "adam_f32");
-      worst_f32 = std::min(worst_f32, ceil28.seconds / f32.seconds);  // same bytes: a ratio of times
-      worst_bf16 = std::min(worst_bf16, ceil30.seconds / fused.seconds);
-      if (const row* r = lookup(rows, n, threads, "f32_pf0"))
-        worst_pf0 = std::min(worst_pf0, ceil28.seconds / r->seconds);
-      if (const row* r = lookup(rows, n, threads, "f32_pf2k"))
-        worst_pf2k = std::min(worst_pf2k, ceil28.seconds / r->seconds);
-      if (const row* r = lookup(rows, n, threads, "ref_f32")) worst_ref = std::min(worst_ref, r->seconds / f32.seconds);
-      if (const row* r = lookup(rows, n, threads, "ref_bf16")) worst_ref = std::min(worst_ref, r->seconds / fused.seconds);
+      // Key figures: paired medians (see paired()); same bytes, so a ratio of times.
+      worst_f32 = std::min(worst_f32, paired(f32, ceil28));
+      worst_bf16 = std::min(worst_bf16, paired(fused, ceil30));
+      if (const row* r = lookup(rows, n, threads, "f32_pf0")) worst_pf0 = std::min(worst_pf0, paired(*r, ceil28));
+      if (const row* r = lookup(rows, n, threads, "f32_pf2k")) worst_pf2k = std::min(worst_pf2k, paired(*r, ceil28));
+      if (const row* r = lookup(rows, n, threads, "ref_f32")) worst_ref = std::min(worst_ref, paired(f32, *r));
+      if (const row* r = lookup(rows, n, threads, "ref_bf16")) worst_ref = std::min(worst_ref, paired(fused, *r));
       if (const row* r = twin ? lookup(rows, n, threads, twin) : nullptr)
-        worst_twin = std::min({worst_twin, r->seconds / f32.seconds, f32.seconds / r->seconds});
-      worst_unfused = std::min(worst_unfused, find(rows, n, threads, "unfused").seconds / fused.seconds);
-      worst_scalar = std::min(worst_scalar, find(rows, n, threads, "scalar").seconds / fused.seconds);
+        worst_twin = std::min({worst_twin, paired(f32, *r), paired(*r, f32)});
+      worst_unfused = std::min(worst_unfused, paired(fused, find(rows, n, threads, "unfused")));
+      worst_scalar = std::min(worst_scalar, paired(fused, find(rows, n, threads, "scalar")));
     }
   }
   // The key figures, the two of issue 27 last.
