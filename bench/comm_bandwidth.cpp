@@ -34,6 +34,8 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <numeric>
+#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -184,17 +186,24 @@ int mpi_worker(int argc, char** argv, bool quick) {
             MPI_Waitall(static_cast<int>(p2p.size()), p2p.data(), MPI_STATUSES_IGNORE);
           }};
       // Interleaved: each round times every kind once, so a busy spell of a shared machine
-      // falls on all of them rather than on one kind's every repeat.
+      // falls on all of them rather than on one kind's every repeat; in a new order each round
+      // (a fixed-seed shuffle, the same on every rank), so no kind always runs after the same
+      // other one (host_adam measured what a fixed predecessor does to a cache-sized buffer).
       double t[kinds];
       std::fill(std::begin(t), std::end(t), std::numeric_limits<double>::infinity());
-      for (int it = -1; it < reps; ++it)
-        for (int k = 0; k < kinds; ++k) {
+      int order[kinds];
+      std::iota(std::begin(order), std::end(order), 0);
+      std::mt19937 shuffle_rng(static_cast<unsigned>(bytes));
+      for (int it = -1; it < reps; ++it) {
+        std::shuffle(std::begin(order), std::end(order), shuffle_rng);
+        for (int k : order) {
           MPI_Barrier(h);
           const auto t0 = clock_type::now();
           for (int b = 0; b < batch; ++b) calls[k]();
           MPI_Barrier(h);
           if (it >= 0) t[k] = std::min(t[k], seconds_since(t0) / batch);
         }
+      }
       if (c.rank() == 0)
         for (int k = 0; k < kinds; ++k) std::printf("row %zu %d %.9f %.9f\n", bytes, k, t[k], t_memcpy);
     }

@@ -58,10 +58,12 @@ int main(int argc, char** argv) {
   const engine_overhead_figures none{1e300, 1e300, 1e300, 1e300};
   for (auto& b : builds) b.best.assign(sizes.size(), none);
   // Interleaved: each round runs every size on every build, so a slow spell of the machine
-  // touches all of them alike.
+  // touches all of them alike; the builds in turn first (a fixed order gives each the same
+  // predecessor, and with it the same cache and allocator state, every round).
   for (int r = 0; r < rounds; ++r)
     for (std::size_t i = 0; i < sizes.size(); ++i)
-      for (auto& b : builds) {
+      for (std::size_t j = 0; j < builds.size(); ++j) {
+        auto& b = builds[(j + static_cast<std::size_t>(r)) % builds.size()];
         const int micro_batches = std::max(3, 200'000 / sizes[i]);
         b.best[i] = best_of(b.best[i], b.run(sizes[i], micro_batches));
       }
