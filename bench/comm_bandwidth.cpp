@@ -142,9 +142,9 @@ std::vector<std::size_t> mpi_sizes_for(bool quick) {
 // kind (0/1: zshard's all_gather/reduce_scatter; 2/3: the MPI library's blocking calls; 4/5:
 // its non-blocking calls + MPI_Wait; 6: an all-gather of MPI_Isend/MPI_Irecv to and from every
 // peer, the local block copied meanwhile: zshard's data messages without the header message
-// that carries its arguments, so 6 against 0 is what that check costs). Each time is the best of several batches of back-to-back
-// calls between two MPI_Barriers, divided by the batch: the engine issues collectives back to
-// back, and a barrier per call would dwarf a 4 KiB one. All rows use the same barrier.
+// that carries its arguments, so 6 against 0 is what that check costs). Each time is the best
+// of several batches of back-to-back calls between two MPI_Barriers, divided by the batch: the engine issues
+// collectives back to back, and a barrier per call would dwarf a 4 KiB one. All rows use the same barrier.
 int mpi_worker(int argc, char** argv, bool quick) {
   return zshard::run_mpi(argc, argv, [&](zshard::mpi_comm& c) {
     const int ranks = c.size();
@@ -331,8 +331,8 @@ int main(int argc, char** argv) {
       if (r.comm == of && r.op == op && (r.ranks > cores) == oversubscribed) {
         double raw = std::numeric_limits<double>::infinity();
         for (const row& t : rows)
-          if (std::find(against.begin(), against.end(), t.comm) != against.end() && t.op == op &&
-              t.ranks == r.ranks && t.bytes == r.bytes)
+          if (std::find(against.begin(), against.end(), t.comm) != against.end() && t.op == op && t.ranks == r.ranks &&
+              t.bytes == r.bytes)
             raw = std::min(raw, t.seconds);
         worst = std::min(worst, raw / r.seconds);
       }
@@ -365,7 +365,8 @@ int main(int argc, char** argv) {
   // The header message's share: the same data messages without it, against the library and against zshard.
   std::printf("mpi_p2p_allgather_vs_raw: %.2f\n",
               worst_vs(comm_kind::mpi_p2p, {comm_kind::mpi_raw, comm_kind::mpi_raw_nb}, op_kind::all_gather, false));
-  std::printf("mpi_allgather_vs_p2p: %.2f\n", worst_vs(comm_kind::mpi, {comm_kind::mpi_p2p}, op_kind::all_gather, false));
+  std::printf("mpi_allgather_vs_p2p: %.2f\n",
+              worst_vs(comm_kind::mpi, {comm_kind::mpi_p2p}, op_kind::all_gather, false));
   std::printf("mpi_allgather_vs_memcpy: %.2f\n", collect(mp, op_kind::all_gather, 0, true));
   std::printf("mpi_reducescatter_vs_memcpy: %.2f\n", collect(mp, op_kind::reduce_scatter, 0, true));
   std::printf("mpi_vs_thread_allgather: %.2f\n", speedup(comm_kind::thread, op_kind::all_gather));

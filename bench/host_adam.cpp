@@ -200,8 +200,8 @@ struct row {
   int threads;
   std::string kernel;
   double bytes_per_param;
-  double seconds;               // the best round
-  std::vector<double> rounds;   // every timed round, in order
+  double seconds;              // the best round
+  std::vector<double> rounds;  // every timed round, in order
 };
 
 // How much faster `a` ran than `b`, as the median over rounds of b's time over a's in the same
@@ -217,13 +217,12 @@ double paired(const row& a, const row& b) {
 }
 
 // The kernels of one configuration are timed in interleaved rounds (every kernel once per
-// round, best time per kernel kept), so a burst of load from other processes on a shared
+// round, every round's time kept), so a burst of load from other processes on a shared
 // machine hits all of them alike instead of one.
 struct timed_kernel {
   const char* name;
   double bytes_per_param;
   std::function<void()> run;
-  double best = std::numeric_limits<double>::infinity();
   std::vector<double> times;  // per timed round
 };
 
@@ -243,9 +242,7 @@ void time_interleaved(std::vector<timed_kernel>& kernels, int rounds) {
       const auto t0 = clock_type::now();
       k.run();
       const double t = std::chrono::duration<double>(clock_type::now() - t0).count();
-      if (it < 0) continue;  // round -1 warms up
-      k.best = std::min(k.best, t);
-      k.times.push_back(t);
+      if (it >= 0) k.times.push_back(t);  // round -1 warms up
     }
   }
 }
@@ -333,7 +330,8 @@ void measure(std::size_t n, int threads, int reps, std::vector<row>& rows) {
                        });
                      }});
   time_interleaved(kernels, reps);
-  for (const auto& k : kernels) rows.push_back({n, threads, k.name, k.bytes_per_param, k.best, k.times});
+  for (const auto& k : kernels)
+    rows.push_back({n, threads, k.name, k.bytes_per_param, *std::min_element(k.times.begin(), k.times.end()), k.times});
 }
 
 const row* lookup(const std::vector<row>& rows, std::size_t n, int threads, std::string_view kernel) {
@@ -379,7 +377,9 @@ int main(int argc, char** argv) {
   // adam_f32's twin: the side-by-side kernel with the same prefetch distance (f32_pf2k or
   // f32_pf0), the same code on the same pool. Their spread is this run's noise floor.
   const std::size_t distance = optim::adamw_prefetch_bytes();
-  const char* twin = distance == optim::intel_tuned_prefetch_bytes ? "f32_pf2k" : distance == 0 ? "f32_pf0" : nullptr;
+  const char* twin = distance == optim::intel_tuned_prefetch_bytes ? "f32_pf2k"
+                     : distance == 0                                 ? "f32_pf0"
+                                                                     : nullptr;
   double worst_twin = 1e9;
   for (std::size_t n : sizes) {
     for (int threads : thread_counts) {

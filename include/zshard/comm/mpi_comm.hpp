@@ -20,8 +20,9 @@
 // - Each collective's arguments (kind, sequence number, count, dtype, op, root) reach every
 //   peer in its first message: ranks that call different collectives, skip one or disagree on a
 //   count fail with the same "collective mismatch" message thread_comm gives, on every rank,
-//   before any of the collective's data reaches the caller's buffers. all_gather and reduce_scatter carry them in
-//   their own messages; the others spend one small round on them (check_arguments, the default).
+//   before any of the collective's data reaches the caller's buffers. all_gather and
+//   reduce_scatter carry them in their own messages; the others spend one small round on them
+//   (check_arguments, the default).
 // - A rank that ends its run (finish(), called by run_mpi) tells its peers how many collectives
 //   it took part in, on this communicator and on every one split from it; a peer waiting in a
 //   later collective fails at once, naming it, in a split's group too (mpi_control.hpp).

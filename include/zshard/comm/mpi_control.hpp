@@ -65,7 +65,8 @@ inline std::vector<int> members_by_root_rank(const std::vector<std::int32_t>& co
     if (colors_keys[2 * q] == color) members.emplace_back(colors_keys[2 * q + 1], static_cast<int>(q));
   std::sort(members.begin(), members.end());
   std::vector<int> out;
-  for (const auto& m : members) out.push_back(root_rank.empty() ? m.second : root_rank[static_cast<std::size_t>(m.second)]);
+  for (const auto& m : members)
+    out.push_back(root_rank.empty() ? m.second : root_rank[static_cast<std::size_t>(m.second)]);
   return out;
 }
 

@@ -3,14 +3,13 @@
 // blocks they stage: each collective's arguments
 // travel as a header in a first message to every peer (the argument check, mpi_comm.hpp), and
 // all_gather and reduce_scatter carry their payload in that same message when it fits
-// (mpi_options::inline_bytes), otherwise in one data message per peer sent at the same time. Why not MPI's own collectives: measured with Open
-// MPI (bench/comm_bandwidth, bench/NOTES.md), MPI_Iallgather takes up to twice as long as the
-// blocking MPI_Allgather, and a separate argument round doubles a small collective; direct
-// messages to every peer match the blocking call from 4 KiB to 64 MiB, except that a block a
-// little over inline_bytes pays for its header message (about 0.3 us: 0.85-0.9 of MPI at 8 KiB
-// per peer; the same data messages without it match MPI). Every rank posts n - 1
-// sends and n - 1 receives per collective (the bytes of a ring, in one step): meant for the
-// process counts of data-parallel training on host memory, not for thousands of ranks.
+// (mpi_options::inline_bytes), otherwise in one data message per peer sent at the same time.
+// Why not MPI's own collectives: measured with Open MPI (bench/comm_bandwidth, bench/NOTES.md),
+// MPI_Iallgather takes up to twice as long as the blocking MPI_Allgather, and a separate argument round doubles a small
+// collective; direct messages to every peer match the blocking call from 4 KiB to 64 MiB, except that a block a little
+// over inline_bytes pays for its header message (about 0.3 us: 0.85-0.9 of MPI at 8 KiB per peer; the same data
+// messages without it match MPI). Every rank posts n - 1 sends and n - 1 receives per collective (the bytes of a ring,
+// in one step): meant for the process counts of data-parallel training on host memory, not for thousands of ranks.
 //
 // When ranks disagree, no message may be longer than the receive that takes it: Open MPI 4.1
 // reports such a message as truncated only after writing all of it, past the end of the receive

@@ -61,7 +61,8 @@ struct shaping_options {
     std::string d;
     if (values[0] != -values[1])
       d = "inline_bytes from " + std::to_string(-values[1]) + " to " + std::to_string(values[0]);
-    if (values[2] != -values[3]) d += std::string(d.empty() ? "" : "; ") + "check_arguments on some ranks, off on others";
+    if (values[2] != -values[3])
+      d += std::string(d.empty() ? "" : "; ") + "check_arguments on some ranks, off on others";
     return d;
   }
 };
