@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "zshard/comm/communicator.hpp"
+#include "zshard/core/param_table.hpp"
 #include "zshard/prefetch/prefetch_config.hpp"
 #include "zshard/state/param_store.hpp"
 
@@ -313,7 +314,7 @@ class residency {
   Comm& comm_;
   Prefetcher& prefetcher_;
   const prefetch_config& cfg_;
-  std::vector<entry> entries_;    // per parameter
+  param_table<entry> entries_;    // per parameter
   std::vector<hold> held_;        // per module: how it is held gathered
   std::vector<param_id> begun_;   // the group's parameters whose buffers are allocated
   std::vector<param_id> issued_;  // those whose gather was issued

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "zshard/core/param_table.hpp"
 #include "zshard/optim/adamw.hpp"
 #include "zshard/optim/adamw_dispatch.hpp"
 #include "zshard/state/param_store.hpp"
@@ -119,7 +120,7 @@ class host_layout {
   param_store<Backend>& store_;
   const std::size_t tile_, staging_numel_;
   const std::size_t nvme_chunk_;  // elements per NVMe chunk; 0: state in memory
-  std::vector<param_state> params_;
+  param_table<param_state> params_;
   std::vector<tile> tiles_;
   std::vector<std::size_t> direct_, staged_;  // tiles whose working values go straight to host memory / through staging
   std::vector<segment> segments_;

@@ -14,6 +14,7 @@
 #include "zshard/backend/backend.hpp"
 #include "zshard/comm/communicator.hpp"
 #include "zshard/core/checked_size.hpp"
+#include "zshard/core/param_table.hpp"
 #include "zshard/offload/host_memory.hpp"
 #include "zshard/offload/offloader.hpp"
 #include "zshard/optim/grad_clip.hpp"
@@ -38,7 +39,10 @@ class on_device_impl {
                    "use offload::host_adam for optimizer state on NVMe");
     state_.resize(store.size());
     has_grad_.assign(store.size(), 0);
-    for (param_id p = 0; p < store.size(); ++p) state_[p].decay = store[p].spec->decay;
+    for (param_id p = 0; p < store.size(); ++p) {
+      state_[p].decay = store[p].spec->decay;
+      state_[p].replicated = store[p].layout.replicated;
+    }
     for (param_id p = 0; p < store.size(); ++p)
       if (store[p].spec->trainable) create_state(p);
   }
@@ -230,10 +234,14 @@ class on_device_impl {
 
  private:
   struct param_state {
-    buffer<Backend> grad, master, m, v;  // grad first: a reduction reads only its line
-    std::int64_t steps = 0;  // updates applied to it
-    bool trainable = false;  // updated by update(); a frozen parameter keeps its buffers, if any
-    bool decay = true;       // the parameter's (fixed) weight decay flag, kept here for update()
+    // grad and the flags first, so that a reduction and the gradient statistics of a step read one
+    // line of the entry (update() reads the rest)
+    buffer<Backend> grad;
+    std::int64_t steps = 0;   // updates applied to it
+    bool trainable = false;   // updated by update(); a frozen parameter keeps its buffers, if any
+    bool decay = true;        // the parameter's (fixed) weight decay flag, kept here for update()
+    bool replicated = false;  // its layout's (fixed): a replicated gradient counts on rank 0 only
+    buffer<Backend> master, m, v;
   };
 
   // AdamW's constants for update count `step`, per (group, decay) slot as param_groups numbers them.
@@ -260,6 +268,7 @@ class on_device_impl {
     b.fill_zero(st.grad.data(), st.grad.bytes(), compute());
     st.trainable = true;
     st.decay = store_[p].spec->decay;
+    st.replicated = store_[p].layout.replicated;
     state_[p] = std::move(st);
   }
 
@@ -268,7 +277,8 @@ class on_device_impl {
 
   // Whether p's gradient counts on this rank: trainable, and replicated values on rank 0 only.
   bool counts(param_id p) const noexcept {
-    return state_[p].trainable && !(store_[p].layout.replicated && comm_.rank() != 0);
+    const auto& st = state_[p];
+    return st.trainable && !(st.replicated && comm_.rank() != 0);
   }
 
   // Init, update and gradient statistics run on the compute stream (see offloader.hpp).
@@ -288,7 +298,7 @@ class on_device_impl {
   param_store<Backend>& store_;
   Comm& comm_;
   const optim::adamw_config hyper_;
-  std::vector<param_state> state_;
+  param_table<param_state> state_;
   // Per parameter: a reduced gradient arrived since the last update or discard. Apart from the
   // state, so that marking one (every reduction) and skipping one (every step) touch a byte.
   std::vector<std::uint8_t> has_grad_;

@@ -31,6 +31,7 @@
 #include "zshard/comm/communicator.hpp"
 #include "zshard/core/buffer.hpp"
 #include "zshard/core/enum_name.hpp"
+#include "zshard/core/param_table.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/model/model_spec.hpp"
 #include "zshard/partition/shard_layout.hpp"
@@ -227,7 +228,7 @@ class param_store {
   Backend& backend_;
   const model_spec& spec_;
   stream_roles<Backend> streams_;
-  std::vector<param_slot<Backend>> slots_;
+  param_table<param_slot<Backend>> slots_;
   std::vector<param_id> gathered_set_;
   std::size_t resident_numel_ = 0;  // sum of padded_numel over gathered_set_
   bool offload_shards_ = false;
