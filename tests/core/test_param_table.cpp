@@ -1,4 +1,4 @@
-// The engine's per-parameter tables (core/param_table.hpp): a table of 2 MiB or more starts on
+// The engine's per-parameter tables (core/param_table.hpp): a table of 256 KiB or more starts on
 // a 2 MiB boundary and carries the huge-page advice; every table keeps its contents through
 // growth and shrinking across that size, and frees what it allocated (ASan checks the sizes).
 #include <doctest/doctest.h>
@@ -16,6 +16,7 @@ using namespace zshard;
 namespace {
 
 constexpr std::size_t huge = huge_page_allocator<int>::huge_page;
+constexpr std::size_t smallest = huge_page_allocator<int>::smallest_huge_table;
 
 struct entry {  // the size of a parameter slot's neighbourhood: not a power of two
   std::uint64_t id = 0;
@@ -65,28 +66,34 @@ TEST_CASE("param_table: contents survive growth and shrinking across the huge-pa
     t.push_back(entry{v, {v + 1}});
     expected.push_back(v);
     reallocations += t.data() != before;
-    misaligned += t.capacity() * sizeof(entry) >= huge && !on_boundary(t.data());
+    misaligned += t.capacity() * sizeof(entry) >= smallest && !on_boundary(t.data());
   }
   CHECK(misaligned == 0);
-  CHECK(reallocations > 3);  // it crossed 2 MiB by growing
+  CHECK(reallocations > 3);  // it crossed 256 KiB and 2 MiB by growing
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < big; ++i) wrong += t[i].id != expected[i] || t[i].fill[0] != expected[i] + 1;
   CHECK(wrong == 0);
   t.resize(100);
-  t.shrink_to_fit();  // back under 2 MiB: an ordinary allocation again
-  CHECK(t.capacity() * sizeof(entry) < huge);
+  t.shrink_to_fit();  // back under 256 KiB: an ordinary allocation again
+  CHECK(t.capacity() * sizeof(entry) < smallest);
   for (std::size_t i = 0; i < 100; ++i) CHECK(t[i].id == expected[i]);
   param_table<entry> copy(t);
   CHECK(copy.size() == 100);
   CHECK(copy[99].id == expected[99]);
 }
 
-TEST_CASE("param_table: exactly 2 MiB and one element short of it") {
-  param_table<std::uint64_t> at(huge / sizeof(std::uint64_t), 7), under(huge / sizeof(std::uint64_t) - 1, 9);
+TEST_CASE("param_table: at the smallest huge table, one element short of it, and a whole huge page") {
+  using words = param_table<std::uint64_t>;
+  const std::size_t w = sizeof(std::uint64_t);
+  words at(smallest / w, 7), under(smallest / w - 1, 9), page(huge / w, 5), over(huge / w + 1, 3);
   CHECK(on_boundary(at.data()));
+  CHECK(on_boundary(page.data()));
+  CHECK(on_boundary(over.data()));
   CHECK(at.back() == 7);
   CHECK(under.back() == 9);
-  CHECK(param_table<std::uint64_t>().empty());
+  CHECK(page.back() == 5);
+  CHECK(over.back() == 3);
+  CHECK(words().empty());
 }
 
 TEST_CASE("param_table: a large table carries the huge-page advice") {

@@ -6,15 +6,17 @@
 // touches a few of their entries. On 4 KiB pages that is one TLB entry per 4 KiB of table:
 // beyond the few thousand the TLB holds, each scope's lookups walk the page tables (in a virtual
 // machine, a walk of two sets of them). Measured with bench/engine_overhead's model (2-core
-// Intel Xeon VM, 50,000 modules of two parameters): forward scope 78 -> 71 ns, begin+end of
-// backward 26 -> 23 ns per module, step() 41-44 -> 32-37 ns per module, with these three tables
-// on huge pages; the model's own allocations on huge pages as well (glibc.malloc.hugetlb=1) gain
-// little more. A table under 2 MiB is allocated as usual.
+// Intel Xeon VM, modules of two parameters; bench/NOTES.md): at 50,000 modules the forward scope
+// 78 -> 70 ns and begin+end of backward 26 -> 23 ns per module; at 5,000 modules (tables of
+// 0.2-1.6 MB) the forward scope 80-91 -> 72-77 ns. The model's own allocations on huge pages as
+// well (glibc.malloc.hugetlb=1) gained little more.
 //
 // Linux only: madvise(MADV_HUGEPAGE) asks for huge pages where transparent huge pages are set to
 // "madvise" (the Debian and Ubuntu default) and is a no-op where they are "always" or "never";
-// elsewhere the tables are ordinary allocations. The cost: a table over 2 MiB is rounded up to a
-// multiple of 2 MiB (at most 2 MiB of resident memory per table).
+// elsewhere the tables are ordinary allocations. The costs: a table is rounded up to a multiple of
+// 2 MiB (at most 2 MiB of resident memory more per table), and the kernel may compact memory to
+// find a huge page when the table is first written (once, at engine construction: 0-170 ms
+// measured for 100,000 parameters on that VM).
 #include <cstddef>
 #include <limits>
 #include <new>
@@ -31,6 +33,9 @@ class huge_page_allocator {
  public:
   using value_type = T;
   static constexpr std::size_t huge_page = std::size_t{2} << 20;
+  // Tables from this size on: at 256 KiB (1,600 parameter slots) a few tables already outgrow the
+  // TLB's reach; a smaller one costs more in rounding than it saves.
+  static constexpr std::size_t smallest_huge_table = std::size_t{256} << 10;
 
   huge_page_allocator() noexcept = default;
   template <class U>
@@ -39,7 +44,7 @@ class huge_page_allocator {
   T* allocate(std::size_t n) {
     if (n > max_size()) throw std::bad_array_new_length();
     const std::size_t bytes = n * sizeof(T);
-    if (bytes < huge_page) return static_cast<T*>(::operator new (bytes, std::align_val_t{alignof(T)}));
+    if (bytes < smallest_huge_table) return static_cast<T*>(::operator new (bytes, std::align_val_t{alignof(T)}));
     const std::size_t rounded = round_up(bytes);
     void* p = ::operator new (rounded, std::align_val_t{huge_page});
 #if defined(__linux__)
@@ -49,7 +54,7 @@ class huge_page_allocator {
   }
   void deallocate(T* p, std::size_t n) noexcept {
     const std::size_t bytes = n * sizeof(T);
-    if (bytes < huge_page)
+    if (bytes < smallest_huge_table)
       ::operator delete (p, bytes, std::align_val_t{alignof(T)});
     else
       ::operator delete (p, round_up(bytes), std::align_val_t{huge_page});
