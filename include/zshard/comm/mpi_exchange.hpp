@@ -7,7 +7,7 @@
 // Why not MPI's own collectives: measured with Open MPI (bench/comm_bandwidth, bench/NOTES.md),
 // MPI_Iallgather takes up to twice as long as the blocking MPI_Allgather, and a separate argument round doubles a small
 // collective; direct messages to every peer match the blocking call from 4 KiB to 64 MiB, except that a block a little
-// over inline_bytes pays for its header message (about 0.3 us: 0.85-0.9 of MPI at 8 KiB per peer; the same data
+// over inline_bytes pays for its header message (about 0.25 us: 0.88-0.92 of MPI at 8 KiB per peer; the same data
 // messages without it match MPI). Every rank posts n - 1 sends and n - 1 receives per collective (the bytes of a ring,
 // in one step): meant for the process counts of data-parallel training on host memory, not for thousands of ranks.
 //
