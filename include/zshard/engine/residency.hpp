@@ -184,7 +184,7 @@ class residency {
   // through the stack right after its fields were written, a stalled load per scope.)
   void gather_group(const std::vector<param_id>& wanted, const collective_tag& context, collective_use use,
                     Admit&& admit) {
-    issued_.clear();
+    issued_ = 0;
     begun_.clear();
     try {
       for (param_id p : wanted) {
@@ -208,14 +208,14 @@ class residency {
           const void* src = store_.gather_source(p, stream_role::gather);  // staged when offloaded
           tagged::all_gather(comm_, src, s.gathered().data(), s.layout.shard_numel, s.type,
                              store_.streams().collective_on(stream_role::gather), tag);
-          issued_.push_back(p);
+          ++issued_;
         }
       });
     } catch (...) {
       store_.gathers_issued(stream_role::gather);  // offloaded shards' staged copies (param_store.hpp)
       // The one that failed and those never issued: back to sharded, freed on the gather stream,
       // which waited for their allocation and is where any part of the failed collective went.
-      for (std::size_t i = issued_.size(); i < begun_.size(); ++i) store_.abandon_gather(begun_[i], {});
+      for (std::size_t i = issued_; i < begun_.size(); ++i) store_.abandon_gather(begun_[i], {});
       mark_issued();  // what was gathered before the failure stays ordered
       throw;
     }
@@ -224,9 +224,9 @@ class residency {
   }
 
   void mark_issued() {
-    if (issued_.empty() || !store_.streams().overlapped()) return;  // one stream: nothing to wait for
+    if (issued_ == 0 || !store_.streams().overlapped()) return;  // one stream: nothing to wait for
     const auto done = store_.streams().mark_now(stream_role::gather);
-    for (param_id p : issued_) entries_[p].gather_done = done;
+    for (std::size_t i = 0; i < issued_; ++i) entries_[begun_[i]].gather_done = done;
   }
 
   // Compute waits for p's gather (once): before a scope hands p out, and before freeing it.
@@ -317,7 +317,7 @@ class residency {
   param_table<entry> entries_;    // per parameter
   std::vector<hold> held_;        // per module: how it is held gathered
   std::vector<param_id> begun_;   // the group's parameters whose buffers are allocated
-  std::vector<param_id> issued_;  // those whose gather was issued
+  std::size_t issued_ = 0;        // how many of them (the first) had their gather issued
   std::size_t hold_evictions_ = 0;
 };
 
