@@ -378,34 +378,24 @@ class mpi_comm {
   }
   void wait(MPI_Request& req) { wait_all(std::span<MPI_Request>(&req, 1)); }
 
-  // Polls `requests` to completion, failing on the timeout or when a peer has ended its run
-  // without joining this collective. The clock is read once per 16 polls, from the 16th on: a
-  // small collective is done before it, and a read per poll was a tenth of a 16 KiB all_gather's
-  // time (perf: __vdso_clock_gettime 8 %, most of the 0.45 us it trailed bare MPI_Isend/Irecv by).
-  // So the timeout counts from the 16th poll and is checked every 16th, microseconds late.
+  // Polls `requests` to completion, failing on the timeout (mpi_detail::poll_clock: counted from
+  // the 16th poll) or when a peer has ended its run without joining this collective.
   void wait_all(std::span<MPI_Request> requests) {
-    constexpr int polls_per_clock_read = 16;
-    std::chrono::steady_clock::time_point start{};
-    std::chrono::steady_clock::duration waited{};
+    mpi_detail::poll_clock clock;
     for (int spins = 0;; ++spins) {
       int done = 0;
       check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
       if (done) return;
-      if (spins % polls_per_clock_read == polls_per_clock_read - 1) {
-        const auto now = std::chrono::steady_clock::now();
-        if (spins == polls_per_clock_read - 1) start = now;
-        waited = now - start;
-        if (waited > opts_.timeout)
-          fail(current() + " on rank " + std::to_string(rank_) + " timed out after " +
-                   std::to_string(opts_.timeout.count()) + " ms: " + where_are_peers(),
-               "every rank must call the same collectives in the same order; a rank that skipped one, hangs or "
-               "died stops the others. Raise mpi_options::timeout only if ranks are legitimately slow");
-      }
+      if (clock.tick() && clock.waited() > opts_.timeout)
+        fail(current() + " on rank " + std::to_string(rank_) + " timed out after " +
+                 std::to_string(opts_.timeout.count()) + " ms: " + where_are_peers(),
+             "every rank must call the same collectives in the same order; a rank that skipped one, hangs or "
+             "died stops the others. Raise mpi_options::timeout only if ranks are legitimately slow");
       // Not on the first spins: a small collective is done by then, and each poll costs it
       // probes of the control channel.
       if (ctrl_ != MPI_COMM_NULL && spins % 64 == 63) poll_notices(slot_.seq);
       if (root_ != own_ && spins % 64 == 63) poll_group_notices();
-      mpi_detail::back_off(waited, spin_);  // spins for mpi_options::spin, then yields (at once when oversubscribed)
+      mpi_detail::back_off(clock.waited(), spin_);
     }
   }
 
