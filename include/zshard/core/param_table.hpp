@@ -6,7 +6,7 @@
 // touches a few of their entries. On 4 KiB pages that is one TLB entry per 4 KiB of table:
 // beyond the few thousand the TLB holds, each scope's lookups walk the page tables (in a virtual
 // machine, a walk of two sets of them). Measured with bench/engine_overhead's model (2-core
-// Intel Xeon VM, modules of two parameters; bench/NOTES.md): at 50,000 modules the forward scope
+// Intel Xeon VM, modules of two parameters; bench/NOTES_issue27.md): at 50,000 modules the forward scope
 // 78 -> 70 ns and begin+end of backward 26 -> 23 ns per module; at 5,000 modules (tables of
 // 0.2-1.6 MB) the forward scope 80-91 -> 72-77 ns. The model's own allocations on huge pages as
 // well (glibc.malloc.hugetlb=1) gained little more.

@@ -5,7 +5,7 @@
 // a value: every setting gives bitwise the same results (tests/offload/test_adamw_kernels.cpp).
 //
 // Why by vendor (bench/host_adam runs the kernel with the prefetch off, with 2 KiB and with
-// this setting side by side; figures with CPU models in bench/NOTES.md):
+// this setting side by side; figures with CPU models in bench/NOTES_issue27.md):
 //  - Intel Xeon (2-core KVM guest with AVX-512 BF16 and AMX, 2026-12-05): 2 KiB ahead takes the
 //    memory-bound kernel (8M and 128M parameters, 1 and 2 threads) from 0.86-0.90 to 0.96-1.06
 //    of the same-bytes ceiling; in cache (512K parameters) it makes no difference, and 512 B
