@@ -10,6 +10,9 @@
 //   f32_pf2k  the same with 2 KiB, what it had on every CPU before } choice side by side
 //   ceil_f32  moves exactly those 28 bytes with no arithmetic (loads p, g, m, v; stores p, m, v
 //             unchanged), same vector width, tiles and threads: the f32 limit
+//   ceil_div  ceil_f32 plus one IEEE square root and one division per element (AVX-512 CPUs):
+//             the bytes and the divider work every exact AdamW needs; in cache on CPUs with a
+//             slow 512-bit divider this, not memory, is the limit
 //   ref_f32   reference_adam.hpp: a DeepSpeed-style AVX-512 kernel (8 vectors per iteration,
 //             FMAs, one division per vector), the same formula, 28 bytes/param
 //   fused     AdamW + bf16 copy in one pass (what host_adam uses): 30 bytes/param
@@ -30,6 +33,8 @@
 // ratio of two best times compares each kernel's luckiest run, and on a shared machine two runs
 // of the same kernel differed by up to 10 % that way):
 //   adam_vs_f32_ceiling       ceil_f32 time / adam_f32 time          (target >= 0.95)
+//   adam_vs_divider_ceiling   ceil_div time / adam_f32 time          (what is left where the
+//                             divider, not memory, bounds every exact kernel)
 //   adam_vs_bf16_ceiling      ceiling time / fused time              (was adam_vs_ceiling)
 //   pf0_vs_f32_ceiling        ceil_f32 time / f32_pf0 time           (prefetch off)
 //   pf2k_vs_f32_ceiling       ceil_f32 time / f32_pf2k time          (before: 2 KiB everywhere)
@@ -136,6 +141,25 @@ __attribute__((target("avx512f,avx512bw"))) void same_bytes_avx512(float* p, con
     std::uint32_t u;
     std::memcpy(&u, g + i, 4);
     out[i] = static_cast<std::uint16_t>(u >> 16);
+  }
+}
+// The f32 ceiling plus the divider's share of exact AdamW: one IEEE square root and one division
+// per element on the loaded values (results kept opaque, nothing stored from them: the arrays
+// stay as they are for the other kernels). Where the divider rather than memory is the limit (in
+// cache on AMD Zen 4: 10 + 6 cycles for a 512-bit square root and division, 16 for 16 elements,
+// bench/NOTES_issue27.md), no kernel that rounds both like IEEE, zshard's or DeepSpeed's, can
+// beat this one.
+__attribute__((target("avx512f,avx512bw"))) void same_bytes_and_divider_avx512(float* p, const float* g, float* m,
+                                                                               float* v, std::size_t n) {
+  const __m512 eps = _mm512_set1_ps(1e-8f);
+  for (std::size_t i = 0; i + 16 <= n; i += 16) {
+    const __m512 a = opaque512(_mm512_loadu_ps(p + i)), c = opaque512(_mm512_loadu_ps(m + i));
+    const __m512 d = opaque512(_mm512_loadu_ps(v + i));
+    opaque512(_mm512_loadu_ps(g + i));
+    opaque512(_mm512_div_ps(c, _mm512_add_ps(_mm512_sqrt_ps(d), eps)));
+    _mm512_storeu_ps(m + i, c);
+    _mm512_storeu_ps(v + i, d);
+    _mm512_storeu_ps(p + i, a);
   }
 }
 __attribute__((target("avx2"), always_inline)) inline __m256 opaque256(__m256 x) {
@@ -302,6 +326,12 @@ void measure(std::size_t n, int threads, int reps, std::vector<row>& rows) {
     });
   };
   if (with_reference) kernels.push_back({"ref_f32", 28, [&] { reference(nullptr); }});
+  if (with_reference)
+    kernels.push_back({"ceil_div", 28, [&] {
+                         over_tiles(best.pool(), n, tile, [&](std::size_t b, std::size_t len) {
+                           same_bytes_and_divider_avx512(p.data + b, g.data + b, m.data + b, v.data + b, len);
+                         });
+                       }});
 #endif
   kernels.push_back({"fused", 30, [&] {
                        best.update(next_step(), p.data, m.data, v.data, g.data, n, out.data, dtype::bf16);
@@ -373,7 +403,7 @@ int main(int argc, char** argv) {
   std::printf("%10s %7s %-8s %11s %9s %10s %8s %10s\n", "params", "threads", "kernel", "bytes/param", "time_ms",
               "Mparams/s", "GB/s", "vs_ceiling");
   double worst_f32 = 1e9, worst_pf0 = 1e9, worst_pf2k = 1e9, worst_bf16 = 1e9, worst_ref = 1e9;
-  double worst_unfused = 1e9, worst_scalar = 1e9;
+  double worst_unfused = 1e9, worst_scalar = 1e9, worst_divider = 1e9;
   // adam_f32's twin: the side-by-side kernel with the same prefetch distance (f32_pf2k or
   // f32_pf0), the same code on the same pool. Their spread is this run's noise floor.
   const std::size_t distance = optim::adamw_prefetch_bytes();
@@ -401,6 +431,7 @@ int main(int argc, char** argv) {
       if (const row* r = lookup(rows, n, threads, "f32_pf0")) worst_pf0 = std::min(worst_pf0, paired(*r, ceil28));
       if (const row* r = lookup(rows, n, threads, "f32_pf2k")) worst_pf2k = std::min(worst_pf2k, paired(*r, ceil28));
       if (const row* r = lookup(rows, n, threads, "ref_f32")) worst_ref = std::min(worst_ref, paired(f32, *r));
+      if (const row* r = lookup(rows, n, threads, "ceil_div")) worst_divider = std::min(worst_divider, paired(f32, *r));
       if (const row* r = lookup(rows, n, threads, "ref_bf16")) worst_ref = std::min(worst_ref, paired(fused, *r));
       if (const row* r = twin ? lookup(rows, n, threads, twin) : nullptr)
         worst_twin = std::min({worst_twin, paired(f32, *r), paired(*r, f32)});
@@ -416,6 +447,7 @@ int main(int argc, char** argv) {
   if (worst_pf0 < 1e9) std::printf("pf0_vs_f32_ceiling: %.3f\n", worst_pf0);
   if (worst_pf2k < 1e9) std::printf("pf2k_vs_f32_ceiling: %.3f\n", worst_pf2k);
   if (worst_twin < 1e9) std::printf("adam_same_kernel_spread: %.3f\n", worst_twin);
+  if (worst_divider < 1e9) std::printf("adam_vs_divider_ceiling: %.3f\n", worst_divider);
   std::printf("adam_vs_f32_ceiling: %.3f\n", worst_f32);
   if (worst_ref < 1e9)
     std::printf("adam_vs_deepspeed: %.3f\n", worst_ref);
