@@ -347,7 +347,7 @@ int main(int argc, char** argv) {
   // (`of`: whose time is divided into the library's; `against`: the library's calls compared)
   // The paired median of row r against the better of `against` at its size and rank count: the
   // call with the lower median time, not the faster of them round by round (the smaller of two
-  // noisy times is biased low: with 10 % noise, MPI's own blocking call scored 0.86 against it).
+  // noisy times is biased low: MPI's own blocking call scored 0.86 against it, standalone).
   auto paired_vs = [&](const row& r, std::initializer_list<comm_kind> against) {
     const row* better = nullptr;
     for (const row& t : rows)
