@@ -122,13 +122,21 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512 opaque5
   return x;
 }
 // out null: the f32 ceiling (28 bytes), g is loaded and kept opaque but nothing is stored from it.
+// Divider (ceil_div, f32 only): the divider's share of exact AdamW as well, one IEEE square root
+// and one division per element on the loaded values (results kept opaque, nothing stored from
+// them: the arrays stay as they are for the other kernels). Where the divider rather than memory
+// is the limit (in cache on AMD Zen 4: 10 + 6 cycles for a 512-bit square root and division, 16
+// for 16 elements, bench/NOTES_issue27.md), no kernel that rounds both like IEEE, zshard's or
+// DeepSpeed's, can beat it.
+template <bool Divider = false>
 __attribute__((target("avx512f,avx512bw"))) void same_bytes_avx512(float* p, const float* g, float* m, float* v,
-                                                                    std::uint16_t* out, std::size_t n) {
+                                                                   std::uint16_t* out, std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 a = opaque512(_mm512_loadu_ps(p + i)), c = opaque512(_mm512_loadu_ps(m + i));
     const __m512 d = opaque512(_mm512_loadu_ps(v + i));
     const __m512 e = opaque512(_mm512_loadu_ps(g + i));
+    if constexpr (Divider) opaque512(_mm512_div_ps(c, _mm512_add_ps(_mm512_sqrt_ps(d), _mm512_set1_ps(1e-8f))));
     _mm512_storeu_ps(m + i, c);
     _mm512_storeu_ps(v + i, d);
     _mm512_storeu_ps(p + i, a);
@@ -141,25 +149,6 @@ __attribute__((target("avx512f,avx512bw"))) void same_bytes_avx512(float* p, con
     std::uint32_t u;
     std::memcpy(&u, g + i, 4);
     out[i] = static_cast<std::uint16_t>(u >> 16);
-  }
-}
-// The f32 ceiling plus the divider's share of exact AdamW: one IEEE square root and one division
-// per element on the loaded values (results kept opaque, nothing stored from them: the arrays
-// stay as they are for the other kernels). Where the divider rather than memory is the limit (in
-// cache on AMD Zen 4: 10 + 6 cycles for a 512-bit square root and division, 16 for 16 elements,
-// bench/NOTES_issue27.md), no kernel that rounds both like IEEE, zshard's or DeepSpeed's, can
-// beat this one.
-__attribute__((target("avx512f,avx512bw"))) void same_bytes_and_divider_avx512(float* p, const float* g, float* m,
-                                                                               float* v, std::size_t n) {
-  const __m512 eps = _mm512_set1_ps(1e-8f);
-  for (std::size_t i = 0; i + 16 <= n; i += 16) {
-    const __m512 a = opaque512(_mm512_loadu_ps(p + i)), c = opaque512(_mm512_loadu_ps(m + i));
-    const __m512 d = opaque512(_mm512_loadu_ps(v + i));
-    opaque512(_mm512_loadu_ps(g + i));
-    opaque512(_mm512_div_ps(c, _mm512_add_ps(_mm512_sqrt_ps(d), eps)));
-    _mm512_storeu_ps(m + i, c);
-    _mm512_storeu_ps(v + i, d);
-    _mm512_storeu_ps(p + i, a);
   }
 }
 __attribute__((target("avx2"), always_inline)) inline __m256 opaque256(__m256 x) {
@@ -329,7 +318,7 @@ void measure(std::size_t n, int threads, int reps, std::vector<row>& rows) {
   if (with_reference)
     kernels.push_back({"ceil_div", 28, [&] {
                          over_tiles(best.pool(), n, tile, [&](std::size_t b, std::size_t len) {
-                           same_bytes_and_divider_avx512(p.data + b, g.data + b, m.data + b, v.data + b, len);
+                           same_bytes_avx512<true>(p.data + b, g.data + b, m.data + b, v.data + b, nullptr, len);
                          });
                        }});
 #endif
