@@ -14,7 +14,7 @@
 //     (engine_config::overlap, on by default);
 //   - step() clips, runs AdamW on the shards, and reports the global gradient norm.
 //
-// Usage: 03_gpu_engine [steps]   (default 20). Without a GPU it says so and exits 0.
+// Usage: 03_gpu_engine [steps]   (default 20). Without a GPU it says so and exits with 77.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   const auto census = zshard::cuda::count_devices();
   if (census.count == 0) {
     std::printf("skipped: no CUDA device (%s); this example needs one\n", census.reason.c_str());
-    return 0;
+    return 77;  // as the GPU tests: run.sh fails on it when nvidia-smi sees a GPU
   }
   std::vector<int> devices;
   for (int d = 0; d < census.count; ++d) devices.push_back(d);

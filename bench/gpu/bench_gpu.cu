@@ -22,9 +22,12 @@
 //                communicators (gathers and reduce-scatters in flight together), vs the same
 //                work serialised on one stream: the bound the engine's schedule is measured by.
 //   5. gpt       The example GPT at GPT-2-small shape on one GPU, plain loop vs zshard, with and
-//                without checkpointing (gpt_stage.hpp).
+//                without checkpointing (gpt_stage.hpp), beside PyTorch's run of the same GPT on the
+//                same GPU when run.sh hands its output over (--torch-ref).
 //
-// Usage: bench_gpu [--quick] [--stages kernels,nccl,engine,overlap,gpt] (default: all).
+// Usage: bench_gpu [--quick] [--stages kernels,nccl,engine,overlap,gpt] (default: all)
+//                  [--torch-ref FILE]... (bench/gpu/torch_reference.py's output, this run's)
+// Without a CUDA device it says so and exits with 77 (run.sh fails when nvidia-smi sees a GPU).
 // Key figures last as `name: value`.
 #include <algorithm>
 #include <chrono>
@@ -400,12 +403,15 @@ std::pair<double, double> bench_overlap(const std::vector<int>& devs, bool quick
 int main(int argc, char** argv) {
   bool quick = false;
   std::string stages = "kernels,nccl,engine,overlap,gpt";
+  std::vector<std::string> torch_refs;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--stages" && i + 1 < argc) stages = argv[++i];
+    else if (a == "--torch-ref" && i + 1 < argc) torch_refs.emplace_back(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_gpu [--quick] [--stages kernels,nccl,engine,overlap,gpt]\n");
+      std::fprintf(stderr,
+                   "usage: bench_gpu [--quick] [--stages kernels,nccl,engine,overlap,gpt] [--torch-ref FILE]...\n");
       return 2;
     }
   }
@@ -414,7 +420,7 @@ int main(int argc, char** argv) {
   if (census.count == 0) {
     std::printf("skipped: no CUDA device (%s); bench_gpu needs one (stages asked: %s)\n", census.reason.c_str(),
                 stages.c_str());
-    return 0;
+    return 77;
   }
   try {
     std::vector<int> devs;
@@ -489,10 +495,10 @@ int main(int argc, char** argv) {
       figure("hand_overlap_speedup", serial / overlapped);
     }
     if (want("gpt")) {
+      const auto reference = gpt_stage::torch_reference::read(torch_refs);  // a bad file fails before the stage
       const auto gpt = gpt_stage::run(quick);
-      std::printf("\n");
+      gpt_stage::print_figures(gpt, reference, prop.name);
       std::fputs(figures.c_str(), stdout);
-      gpt_stage::print_figures(gpt);
     } else {
       std::printf("\n");
       std::fputs(figures.c_str(), stdout);

@@ -3,26 +3,33 @@
 # against the host reference, the CUDA backend, NCCL, the engine on cuda_backend + nccl_comm,
 # the readiness cases, the example GPT against the host run; NCCL bootstrapped over MPI, one
 # process per GPU, when Open MPI is there), the two examples (the toy engine, and the GPT:
-# small, then GPT-2 small), then the bench, which prints its tables and key figures. The whole
-# script fits in 8 minutes (a device command may run 10; a session has 15 minutes of device
-# time): every stage has a time budget, printed before it runs, and is cut short to what is left
-# of the total.
+# small, then GPT-2 small), PyTorch's run of the same GPT (bench/gpu/torch_reference.py, eager
+# and torch.compile) when `import torch` works, then the bench, which prints its tables and key
+# figures, the PyTorch ratios from this run's reference only. The whole script fits in one
+# device command of 540 s (a session has 15 minutes of device time): every stage has a time
+# budget, printed before it runs, and is cut short to what is left of the total.
 #
 #   bash bench/gpu/run.sh [--quick]
+#
+# Exit status: 0 when every stage ran and passed. When nvidia-smi sees a GPU, a stage that does
+# not run (a program that finds no CUDA device and exits 77, a missing doctest header, a stage
+# cut at its budget) fails the script loudly; the summary's last lines name each such stage.
+# Optional, reported but never failing: NCCL over MPI (needs Open MPI) and the PyTorch
+# reference (needs torch; torch.compile only when it compiles within its budget).
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), BUILD_DIR (default build/gpu), OUT or
 # RESULTS_DIR (the results folder: every log is written there as it is produced, so a run cut
 # short still leaves what it had; default: BUILD_DIR; figures.txt collects the key figures),
-# ZSHARD_GPU_BUDGET_S (total, default 470), ZSHARD_GPU_BUILD_S (the build's cap, default 180:
-# nvcc on a many-core GPU machine takes ~60-90 s).
+# ZSHARD_GPU_BUDGET_S (total, default 500), ZSHARD_GPU_BUILD_S (the build's cap, default 180:
+# nvcc on a many-core GPU machine takes ~60-90 s), PYTHON (default python3: the interpreter
+# with torch).
 # Needs nvcc, cuBLAS (CUDA's), NCCL (CUDA's own, the system's, or the nvidia-nccl-cu* Python
-# wheel's folder) and, for the tests, doctest's header (installed, or in .gpu_deps/doctest/;
-# without it the tests are reported as not run) and Eigen's headers for the GPT test's host
-# reference (installed, or in .gpu_deps/eigen3/; without them that comparison is reported as not
-# made). bench/gpu/prepare_deps.sh copies both into .gpu_deps on a machine that has them. It
-# calls nvcc directly rather than CMake because a GPU machine may lack the packages CMake's
-# configure requires for the host targets. Without a GPU it still builds everything, then
-# reports each GPU stage as skipped (exit 0).
+# wheel's folder) and, for the tests, doctest's header (installed, or in .gpu_deps/doctest/)
+# and Eigen's headers for the GPT test's host reference (installed, or in .gpu_deps/eigen3/;
+# without them that comparison is reported as not made). bench/gpu/prepare_deps.sh copies both
+# into .gpu_deps on a machine that has them. It calls nvcc directly rather than CMake because a
+# GPU machine may lack the packages CMake's configure requires for the host targets. Without a
+# GPU it still builds everything, then reports each GPU stage as skipped (exit 0).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 quick=""
@@ -32,10 +39,12 @@ nvcc=$cuda/bin/nvcc
 out=${BUILD_DIR:-build/gpu}
 results=${OUT:-${RESULTS_DIR:-$out}}
 mkdir -p "$out" "$results"
-total=${ZSHARD_GPU_BUDGET_S:-470}
+total=${ZSHARD_GPU_BUDGET_S:-500}
+python=${PYTHON:-python3}
 t0=$SECONDS
 summary="$results/run_summary.log"
 : >"$summary"
+rm -f "$results"/torch_*.log  # a ratio is only ever taken from this run's reference
 say() { echo "run.sh [$((SECONDS - t0))s] $*" | tee -a "$summary"; }
 left() { echo $((total - (SECONDS - t0))); }
 # budget <cap> <reserve>: seconds a stage may take: its cap, cut to what is left of the total
@@ -57,7 +66,7 @@ run_stage() {
   return "${PIPESTATUS[0]}"
 }
 
-say "plan: build <= ${ZSHARD_GPU_BUILD_S:-180} s, test_cuda <= 150 s, hang test <= 40 s, examples <= 25 + 30 + 45 s, bench (kernels+engine, gpt, nccl+overlap) <= the rest (total ${total} s)"
+say "plan: build <= ${ZSHARD_GPU_BUILD_S:-180} s, test_cuda <= 150 s, hang test <= 40 s, examples <= 25 + 30 + 45 s, bench kernels+engine <= 120 s, PyTorch eager <= 60 s and torch.compile <= 120 s, bench gpt and nccl+overlap <= the rest (total ${total} s)"
 gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | head -1)
 nvcc_version=$("$nvcc" --version 2>/dev/null | tail -1)
 say "$(date -u +%Y-%m-%dT%H:%MZ) GPU: ${gpu:-none visible to nvidia-smi}; nvcc: ${nvcc_version:-not found at $nvcc}"
@@ -142,26 +151,41 @@ say "built in $((SECONDS - build_start)) s"
 export NCCL_LAUNCH_ORDER_IMPLICIT=1
 say "NCCL_LAUNCH_ORDER_IMPLICIT=1 (two communicators per GPU in flight)"
 
+# ---- what ran: a stage that should have run and did not fails the script when a GPU is there ----
+failed=() not_run=()
+# verdict <stage> <rc> [what 77 means]: 0 passed; 77 the program found no CUDA device; else failed.
+verdict() {
+  local name=$1 rc=$2
+  case $rc in
+    0) ;;
+    77) if ((have_gpu)); then failed+=("$name (found no CUDA device although nvidia-smi sees '$gpu')"); fi ;;
+    124 | 137) failed+=("$name (cut at its budget)") ;;
+    *) failed+=("$name (rc $rc)") ;;
+  esac
+}
+
 # ---- tests ------------------------------------------------------------------------------------
 tests="not run (no doctest header: bash bench/gpu/prepare_deps.sh, then carry .gpu_deps)"
-rc_main=0 rc_hang=0
 if [[ -n $doctest_inc ]]; then
   run_stage test_cuda "$(budget 150 200)" "$out/test_cuda" --test-case-exclude='hang*'
   rc_main=$?
+  verdict test_cuda $rc_main
   if ((have_gpu)); then
     run_stage test_cuda_hang "$(budget 40 170)" "$out/test_cuda" --test-case='hang*'
     rc_hang=$?
+    verdict test_cuda_hang $rc_hang
   else
     rc_hang=77
     say "stage test_cuda_hang: skipped (no GPU)"
   fi
   tests="test_cuda rc=$rc_main, test_cuda_hang rc=$rc_hang (0 passed, 77 skipped, 124 cut at its budget)"
+elif ((have_gpu)); then
+  failed+=("test_cuda, test_cuda_hang (not built: no doctest header; bash bench/gpu/prepare_deps.sh, then carry .gpu_deps)")
 fi
 say "tests: $tests"
 
-# ---- NCCL over MPI: one process per GPU (comm/nccl_mpi.hpp) -----------------------------------
+# ---- NCCL over MPI: one process per GPU (comm/nccl_mpi.hpp); optional (needs Open MPI) --------------
 nccl_mpi="not run (no mpicxx/mpirun: apt-get install libopenmpi-dev openmpi-bin)"
-rc_nccl_mpi=0
 if ((have_gpu)) && command -v mpicxx >/dev/null && command -v mpirun >/dev/null; then
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   mpi_flags=()
@@ -174,59 +198,90 @@ if ((have_gpu)) && command -v mpicxx >/dev/null && command -v mpirun >/dev/null;
        "-Wl,-rpath,$(dirname "$nccl_lib")" >"$results/build_test_nccl_mpi.log" 2>&1; then
     run_stage test_nccl_mpi "$(budget 40 150)" mpirun -n "$((ngpu > 0 ? ngpu : 1))" "${mpi_flags[@]}" \
       "$out/test_nccl_mpi"
-    rc_nccl_mpi=$?
-    nccl_mpi="rc=$rc_nccl_mpi with $((ngpu > 0 ? ngpu : 1)) process(es)"
+    rc=$?
+    verdict test_nccl_mpi $rc
+    nccl_mpi="rc=$rc with $((ngpu > 0 ? ngpu : 1)) process(es)"
   else
     nccl_mpi="build failed (log: $results/build_test_nccl_mpi.log)"
-    rc_nccl_mpi=3
+    failed+=("test_nccl_mpi (build failed)")
   fi
-elif ((!have_gpu)); then
+elif ((have_gpu)); then
+  not_run+=("test_nccl_mpi: no mpicxx/mpirun here (optional)")
+else
   nccl_mpi="skipped (no GPU)"
 fi
 say "NCCL over MPI (test_nccl_mpi): $nccl_mpi"
 
-# ---- examples and bench: GPU only ---------------------------------------------------------------
-rc_example=0 rc_gpt_small=0 rc_gpt2=0 rc_bench=0
+# ---- examples, PyTorch and the bench: GPU only -----------------------------------------------------
+torch_refs=()
 if ((have_gpu)); then
   run_stage example "$(budget 25 140)" "$out/03_gpu_engine" 10
-  rc_example=$?
-  say "example 03_gpu_engine rc=$rc_example"
+  rc=$?
+  verdict 03_gpu_engine $rc
+  say "example 03_gpu_engine rc=$rc"
   # 'used' counts from what the GPU used before the process (its CUDA context included)
   used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1 | tr -d ' '; }
   base=$(used_mib)
   run_stage gpt_small "$(budget 30 120)" "$out/05_train_gpt_gpu" --steps 100 --log-every 20 ${base:+--baseline-used-mib "$base"}
-  rc_gpt_small=$?
+  rc_small=$?
+  verdict "05_train_gpt_gpu (small)" $rc_small
   base=$(used_mib)
   run_stage gpt2_small "$(budget 45 90)" "$out/05_train_gpt_gpu" --gpt2-small --steps 30 --log-every 5 \
     ${base:+--baseline-used-mib "$base"}
   rc_gpt2=$?
-  say "example 05_train_gpt_gpu rc=$rc_gpt_small (small), rc=$rc_gpt2 (GPT-2 small)"
-  # Three runs, each with its own figures, so a run cut at its budget loses only its own.
-  run_stage bench_engine "$(budget 150 60)" "$out/bench_gpu" $quick --stages kernels,engine
-  rc_bench=$?
-  run_stage bench_gpt "$(budget 150 30)" "$out/bench_gpu" $quick --stages gpt
+  verdict "05_train_gpt_gpu (GPT-2 small)" $rc_gpt2
+  say "example 05_train_gpt_gpu rc=$rc_small (small), rc=$rc_gpt2 (GPT-2 small)"
+  # Separate runs, each with its own figures, so a run cut at its budget loses only its own.
+  run_stage bench_engine "$(budget 120 150)" "$out/bench_gpu" $quick --stages kernels,engine
   rc=$?
-  ((rc != 0)) && rc_bench=$rc
-  run_stage bench_comm "$(budget 150 5)" "$out/bench_gpu" $quick --stages nccl,overlap
+  verdict "bench_gpu (kernels, engine)" $rc
+  # PyTorch's run of the bench's GPT (same shape and batch, this GPU), eager then torch.compile.
+  if timeout 60 "$python" -c "import torch" >"$results/torch_import.log" 2>&1; then
+    shape=(--vocab 50304 --seq 1024 --d-model 768 --heads 12 --layers 12 --d-ff 3072 --batch 8)
+    run_stage torch_eager "$(budget 60 110)" "$python" bench/gpu/torch_reference.py --mode eager "${shape[@]}"
+    rc=$?
+    verdict "PyTorch eager reference" $rc
+    ((rc == 0)) && torch_refs+=(--torch-ref "$results/torch_eager.log")
+    run_stage torch_compile "$(budget 120 60)" "$python" bench/gpu/torch_reference.py --mode compile "${shape[@]}"
+    rc=$?
+    if ((rc == 0)); then
+      torch_refs+=(--torch-ref "$results/torch_compile.log")
+    elif ((rc == 124 || rc == 137)); then
+      not_run+=("torch.compile reference: did not compile and run within its budget (no gpu_gpt_vs_torch_compile)")
+    else
+      verdict "torch.compile reference" $rc
+    fi
+  else
+    not_run+=("PyTorch reference: '$python -c \"import torch\"' fails here (no gpu_gpt_vs_pytorch_eager; $results/torch_import.log)")
+  fi
+  run_stage bench_gpt "$(budget 120 25)" "$out/bench_gpu" $quick --stages gpt "${torch_refs[@]}"
   rc=$?
-  ((rc != 0)) && rc_bench=$rc
-  say "bench rc=$rc_bench; total $((SECONDS - t0)) s"
+  verdict "bench_gpu (gpt)" $rc
+  run_stage bench_comm "$(budget 120 5)" "$out/bench_gpu" $quick --stages nccl,overlap
+  rc=$?
+  verdict "bench_gpu (nccl, overlap)" $rc
+  say "bench done; total $((SECONDS - t0)) s"
 else
   say "stage example, gpt_small, gpt2_small: skipped (no GPU)"
-  say "stage bench_engine, bench_gpt, bench_comm: skipped (no GPU); total $((SECONDS - t0)) s"
+  say "stage bench_engine, torch_eager, torch_compile, bench_gpt, bench_comm: skipped (no GPU); total $((SECONDS - t0)) s"
 fi
 
 # ---- the key figures, in one file -----------------------------------------------------------------
 {
   echo "# $(date -u +%Y-%m-%dT%H:%MZ) ${gpu:-no GPU}; nvcc ${nvcc_version:-?}; NCCL ${nccl_version:-?}"
   echo "# tests: $tests; NCCL over MPI: $nccl_mpi"
-  for f in gpt_small gpt2_small bench_engine bench_gpt bench_comm; do
+  for f in gpt_small gpt2_small bench_engine torch_eager torch_compile bench_gpt bench_comm; do
     [[ -f $results/$f.log ]] || continue
     echo "## $f"
     grep -E '^[a-z_0-9]+: [-0-9.]+' "$results/$f.log" || true
+    grep -E '^# no ' "$results/$f.log" || true
   done
 } >"$results/figures.txt"
 say "figures: $results/figures.txt"
-ok_rc() { [[ $1 == 0 || ($1 == 77 && $have_gpu == 0) ]]; }
-[[ -z $doctest_inc ]] || { ok_rc "$rc_main" && ok_rc "$rc_hang"; } || exit 1
-[[ $rc_example == 0 && $rc_gpt_small == 0 && $rc_gpt2 == 0 && $rc_bench == 0 && $rc_nccl_mpi == 0 ]]
+for n in "${not_run[@]}"; do say "NOT RUN (optional): $n"; done
+if ((${#failed[@]})); then
+  for f in "${failed[@]}"; do say "FAILED: $f"; done
+  say "run.sh: ${#failed[@]} stage(s) failed or did not run on ${gpu:-this machine}"
+  exit 1
+fi
+say "run.sh: every stage passed${gpu:+ on $gpu}"
