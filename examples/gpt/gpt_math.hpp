@@ -99,10 +99,9 @@ GPT_HD float gelu_backward(float x, float dy) {
   return dy * (s + 2.0f * gelu_c * s * sc * (1.0f + 3.0f * gelu_a * (x * x)) * x);
 }
 
-// ---- causal softmax over one row of attention scores (layers::causal_attention_*) -----------
-// Row i of a [T, T] score matrix sees columns 0..i. Forward: p_j = exp((s_j - max) scale) /
-// sum over the seen columns, 0 beyond. Backward: ds_j = p_j (dp_j - <p, dp>) scale.
-GPT_HD float softmax_numerator(float s, float row_max, float scale) { return expf((s - row_max) * scale); }
+// ---- softmax backward over one row of attention scores (layers::causal_attention_backward) ---
+// ds_j = p_j (dp_j - <p, dp>) scale; the fused attention (attention_math.hpp) gets <p, dp> as
+// <dout, out> of the row.
 GPT_HD float softmax_grad(float p, float dp, float dot, float scale) { return p * (dp - dot) * scale; }
 
 // ---- softmax cross-entropy over one row of logits (cross_entropy_forward / _backward) -------
@@ -115,14 +114,10 @@ GPT_HD float cross_entropy_grad(float logit, float row_max, float sum_exp, float
   return is_target ? g - w : g;
 }
 
-// ---- index maps between [B*T, 3d] rows and per-head [B, H, T, hd] matrices -----------------
+// ---- the attention's shape: [B*T, d] rows, head h at columns h head_dim of each ---------------
 struct head_layout {
   int batch, seq, heads, head_dim;
   GPT_HD int d_model() const { return heads * head_dim; }
-  // Element e of head h at token (b, t) in a [B, H, T, hd] tensor.
-  GPT_HD std::size_t head_index(int b, int h, int t, int e) const {
-    return ((static_cast<std::size_t>(b) * heads + h) * seq + t) * head_dim + e;
-  }
 };
 
 }  // namespace gpt::math

@@ -16,6 +16,7 @@
 #include <new>
 #include <vector>
 
+#include "attention_math.hpp"
 #include "gpt_math.hpp"
 #include "ops_contract.hpp"
 
@@ -26,6 +27,7 @@ class host_ops {
  public:
   using half_t = H;
   float* col_scratch = nullptr;  // column sums' chunk partials (set by the model)
+  int attention_tile = math::attention_tile;  // keys per tile (the GPU's; tests vary it)
 
   void* allocate(std::size_t bytes) {
     void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
@@ -138,59 +140,102 @@ class host_ops {
     }
   }
 
-  void qkv_bias_permute(const float* qkv, const H* bias, H* q, H* k, H* v, const math::head_layout& hl) {
-    const int d = hl.d_model();
+  // qkv [N, 3d] f32 + bias -> half (the attention's input: q | k | v, head h at columns h hd).
+  void bias_to_half(const float* x, const H* bias, H* y, int rows, int cols) {
+    for (std::size_t r = 0; r < std::size_t(rows); ++r)
+      for (int c = 0; c < cols; ++c) y[r * cols + c] = math::store<H>(x[r * cols + c] + math::load(bias[c]));
+  }
+  // Causal attention by key tiles of attention_tile (attention_math.hpp): out [N, d] half, the
+  // row's log-sum-exp in lse [B, H, T]. Dot products in double, rounded to f32 (the GPU's
+  // tensor cores accumulate in f32).
+  void attention_forward(const H* qkv, H* out, float* lse, const math::head_layout& hl, float scale) {
+    const int T = hl.seq, hd = hl.head_dim, tile = attention_tile;
+    const std::size_t d = std::size_t(hl.d_model());
+    std::vector<float> s(static_cast<std::size_t>(tile)), p(s.size()), acc(static_cast<std::size_t>(hd));
     for (int b = 0; b < hl.batch; ++b)
-      for (int t = 0; t < hl.seq; ++t)
-        for (int c = 0; c < 3 * d; ++c) {
-          const std::size_t r = std::size_t(b) * hl.seq + t;
-          const float val = qkv[r * 3 * d + c] + math::load(bias[c]);
-          const int which = c / d, h = (c % d) / hl.head_dim, e = c % hl.head_dim;
-          H* dst = which == 0 ? q : which == 1 ? k : v;
-          dst[hl.head_index(b, h, t, e)] = math::store<H>(val);
+      for (int h = 0; h < hl.heads; ++h)
+        for (int i = 0; i < T; ++i) {
+          const H* q = qkv + (std::size_t(b) * T + i) * 3 * d + std::size_t(h) * hd;
+          math::online_softmax row;
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int k0 = 0; k0 <= i; k0 += tile) {
+            const int n = std::min(tile, T - k0);
+            float tile_max = -INFINITY;
+            for (int j = 0; j < n; ++j)
+              if (math::attention_sees(i, k0 + j, T)) {
+                s[std::size_t(j)] = dot(q, head_row(qkv, hl, b, h, k0 + j, 1), hd);
+                tile_max = std::max(tile_max, s[std::size_t(j)] * scale);
+              }
+            const float alpha = math::online_softmax_rescale(row, tile_max);
+            float tile_sum = 0.0f;
+            for (int j = 0; j < n; ++j) {
+              p[std::size_t(j)] = math::attention_sees(i, k0 + j, T) ? math::attention_weight(s[std::size_t(j)], row.max, scale) : 0.0f;
+              tile_sum += p[std::size_t(j)];
+            }
+            row.sum += tile_sum;
+            for (int e = 0; e < hd; ++e) {
+              double pv = 0;
+              for (int j = 0; j < n; ++j)
+                pv += double(math::load(math::store<H>(p[std::size_t(j)]))) * double(math::load(head_row(qkv, hl, b, h, k0 + j, 2)[e]));
+              acc[std::size_t(e)] = math::attention_accumulate(acc[std::size_t(e)], alpha, float(pv));
+            }
+          }
+          H* o = out + (std::size_t(b) * T + i) * d + std::size_t(h) * hd;
+          for (int e = 0; e < hd; ++e) o[e] = math::store<H>(math::attention_output(acc[std::size_t(e)], row.sum));
+          lse[(std::size_t(b) * hl.heads + h) * T + i] = math::online_softmax_lse(row);
         }
   }
-  void causal_softmax_forward(const float* s, H* p, int rows, int seq, float scale) {
-    for (int r = 0; r < rows; ++r) {
-      const float* sr = s + std::size_t(r) * seq;
-      H* pr = p + std::size_t(r) * seq;
-      const int i = r % seq;
-      float m = sr[0];
-      for (int j = 1; j <= i; ++j) m = std::max(m, sr[j]);
-      float sum = 0;
-      for (int j = 0; j <= i; ++j) sum += math::softmax_numerator(sr[j], m, scale);
-      for (int j = 0; j < seq; ++j) pr[j] = math::store<H>(j <= i ? math::softmax_numerator(sr[j], m, scale) / sum : 0.0f);
-    }
-  }
-  void causal_softmax_backward(const H* p, const float* dp, H* ds, int rows, int seq, float scale) {
-    for (int r = 0; r < rows; ++r) {
-      const H* pr = p + std::size_t(r) * seq;
-      const float* dpr = dp + std::size_t(r) * seq;
-      const int i = r % seq;
-      float dot = 0;
-      for (int j = 0; j <= i; ++j) dot += math::load(pr[j]) * dpr[j];
-      for (int j = 0; j < seq; ++j)
-        ds[std::size_t(r) * seq + j] = math::store<H>(j <= i ? math::softmax_grad(math::load(pr[j]), dpr[j], dot, scale) : 0.0f);
-    }
-  }
-  void heads_to_rows(const float* o, H* out, const math::head_layout& hl) {
-    for_heads(hl, [&](std::size_t row_index, std::size_t head_index) { out[row_index] = math::store<H>(o[head_index]); });
-  }
-  void rows_to_heads(const float* d_out, H* d_o, const math::head_layout& hl) {
-    for_heads(hl, [&](std::size_t row_index, std::size_t head_index) { d_o[head_index] = math::store<H>(d_out[row_index]); });
-  }
-  void qkv_grad_to_rows(const float* dq, const float* dk, const float* dv, float* dqkv, H* dqkv_half,
-                        const math::head_layout& hl) {
+  // d_out [N, d] f32 -> d_out_half; delta [B, H, T] = <half(d_out), out> over each head's row.
+  void attention_backward_prepare(const float* d_out, const H* out, H* d_out_half, float* delta,
+                                  const math::head_layout& hl) {
+    const int T = hl.seq, hd = hl.head_dim;
     const std::size_t d = std::size_t(hl.d_model());
-    for_heads(hl, [&](std::size_t row_index, std::size_t head_index) {
-      const std::size_t r = row_index / d, c = row_index % d;
-      const float* src[3] = {dq, dk, dv};
-      for (std::size_t w = 0; w < 3; ++w) {
-        const std::size_t at = r * 3 * d + w * d + c;
-        dqkv[at] = src[w][head_index];
-        dqkv_half[at] = math::store<H>(dqkv[at]);
+    for (std::size_t i = 0; i < std::size_t(hl.batch) * T * d; ++i) d_out_half[i] = math::store<H>(d_out[i]);
+    for (int b = 0; b < hl.batch; ++b)
+      for (int h = 0; h < hl.heads; ++h)
+        for (int t = 0; t < T; ++t) {
+          const std::size_t at = (std::size_t(b) * T + t) * d + std::size_t(h) * hd;
+          float dot_row = 0.0f;
+          for (int e = 0; e < hd; ++e) dot_row += math::load(d_out_half[at + e]) * math::load(out[at + e]);
+          delta[(std::size_t(b) * hl.heads + h) * T + t] = dot_row;
+        }
+  }
+  // The gradients of q, k, v from the probabilities recomputed with the forward's lse: into
+  // dqkv [N, 3d] f32 and its half copy (assigned). Sums in double, as the products' f32 on the GPU.
+  void attention_backward(const H* qkv, const H* d_out_half, const float* lse, const float* delta, float* dqkv,
+                          H* dqkv_half, const math::head_layout& hl, float scale) {
+    const int T = hl.seq, hd = hl.head_dim;
+    const std::size_t d = std::size_t(hl.d_model());
+    std::vector<double> g(std::size_t(3) * T * hd);  // dq | dk | dv of one head, [T, hd] each
+    for (int b = 0; b < hl.batch; ++b)
+      for (int h = 0; h < hl.heads; ++h) {
+        std::fill(g.begin(), g.end(), 0.0);
+        double *dq = g.data(), *dk = dq + std::size_t(T) * hd, *dv = dk + std::size_t(T) * hd;
+        for (int i = 0; i < T; ++i) {
+          const H* q = head_row(qkv, hl, b, h, i, 0);
+          const H* dout = d_out_half + (std::size_t(b) * T + i) * d + std::size_t(h) * hd;
+          const std::size_t row = (std::size_t(b) * hl.heads + h) * T + i;
+          for (int j = 0; j <= i; ++j) {
+            const H* k = head_row(qkv, hl, b, h, j, 1);
+            const H* v = head_row(qkv, hl, b, h, j, 2);
+            const float p = math::attention_prob(dot(q, k, hd), lse[row], scale);
+            const float ds = math::softmax_grad(p, dot(dout, v, hd), delta[row], scale);
+            const double ph = math::load(math::store<H>(p)), dsh = math::load(math::store<H>(ds));
+            for (int e = 0; e < hd; ++e) {
+              dv[std::size_t(j) * hd + e] += ph * math::load(dout[e]);
+              dk[std::size_t(j) * hd + e] += dsh * math::load(q[e]);
+              dq[std::size_t(i) * hd + e] += dsh * math::load(k[e]);
+            }
+          }
+        }
+        for (int t = 0; t < T; ++t)
+          for (int w = 0; w < 3; ++w)
+            for (int e = 0; e < hd; ++e) {
+              const std::size_t at = (std::size_t(b) * T + t) * 3 * d + std::size_t(w) * d + std::size_t(h) * hd + e;
+              dqkv[at] = float(g[(std::size_t(w) * T + t) * hd + e]);
+              dqkv_half[at] = math::store<H>(dqkv[at]);
+            }
       }
-    });
   }
   void residual_add(const float* x, const float* branch, const H* bias, float* out, int rows, int cols) {
     for (std::size_t i = 0; i < std::size_t(rows) * cols; ++i) out[i] = (branch[i] + math::load(bias[i % cols])) + x[i];
@@ -239,14 +284,15 @@ class host_ops {
       if (out1) out1[j] += b;
     }
   }
-  template <class F>
-  void for_heads(const math::head_layout& hl, F&& f) {
+  // Row t of head h's q (which 0), k (1) or v (2) in qkv [N, 3d].
+  static const H* head_row(const H* qkv, const math::head_layout& hl, int b, int h, int t, int which) {
     const std::size_t d = std::size_t(hl.d_model());
-    for (int b = 0; b < hl.batch; ++b)
-      for (int h = 0; h < hl.heads; ++h)
-        for (int t = 0; t < hl.seq; ++t)
-          for (int e = 0; e < hl.head_dim; ++e)
-            f((std::size_t(b) * hl.seq + t) * d + std::size_t(h) * hl.head_dim + e, hl.head_index(b, h, t, e));
+    return qkv + (std::size_t(b) * hl.seq + t) * 3 * d + std::size_t(which) * d + std::size_t(h) * hl.head_dim;
+  }
+  static float dot(const H* a, const H* b, int n) {
+    double acc = 0;
+    for (int e = 0; e < n; ++e) acc += double(math::load(a[e])) * double(math::load(b[e]));
+    return float(acc);
   }
   void layer_norm_row(const float* x, const H* gain, const H* bias, H* y, float& mean, float& rstd, int d) {
     float sum = 0;

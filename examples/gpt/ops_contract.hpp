@@ -25,12 +25,13 @@
 //   bias_gelu_forward(pre, bias, act, rows, cols)                          pre += bias; act = gelu(pre)
 //   gelu_forward(pre, act, n)                                              act = gelu(pre)
 //   gelu_backward(pre, d, d_half, n)                                       d = d gelu'(pre); d_half = d
-//   qkv_bias_permute(qkv, bias, q, k, v, layout)                           [N, 3d] + b -> 3 x [B, H, T, hd]
-//   causal_softmax_forward(scores, p, rows_of_t, seq, scale)               [BH, T, T] f32 -> half_t
-//   causal_softmax_backward(p, dp, ds, rows_of_t, seq, scale)              ds may alias p
-//   heads_to_rows(o, out, layout)                                          [B, H, T, hd] f32 -> [N, d] half_t
-//   rows_to_heads(d_out, d_o, layout)                                      [N, d] f32 -> [B, H, T, hd] half_t
-//   qkv_grad_to_rows(dq, dk, dv, dqkv, dqkv_half, layout)                  3 x [B, H, T, hd] -> [N, 3d]
+//   bias_to_half(x, bias, y, rows, cols)                                   y = half(x + b)
+//   attention_forward(qkv, out, lse, layout, scale)                        causal, fused (attention_math.hpp):
+//                                        qkv [N, 3d] half_t -> out [N, d] half_t, lse [B, H, T] f32
+//   attention_backward_prepare(d_out, out, d_out_half, delta, layout)      d_out [N, d] f32 -> half_t;
+//                                        delta [B, H, T] = <d_out_half, out> per head row
+//   attention_backward(qkv, d_out_half, lse, delta, dqkv, dqkv_half, layout, scale)
+//                                        dqkv [N, 3d] f32 and half_t, assigned
 //   residual_add(x, branch, bias, out, rows, cols)                         out = (branch + b) + x
 //   to_half(src, dst, n)
 //   cross_entropy(logits, targets, row_loss, dlogits, grad_weight, rows, vocab)   dlogits null: loss only

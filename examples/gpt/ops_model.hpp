@@ -8,10 +8,11 @@
 //
 // Memory: one arena from the Ops, sized before anything runs (arena_bytes: what the runner
 // reports to the engine as activations). Each block keeps, between its forward and backward,
-// what its backward reads (layer norm statistics, the matmul inputs, attention probabilities,
-// the MLP pre-activation, the residual after attention); with activation checkpointing one
-// such cache serves every block and only each block's input is kept. The rest is scratch
-// shared by all blocks. Parameters come through P (param(k): const half_t*, grad(k): float*,
+// what its backward reads (layer norm statistics, the matmul inputs, the attention's output and
+// per-row log-sum-exp, the MLP pre-activation, the residual after attention); with activation
+// checkpointing one such cache serves every block and only each block's input is kept. The rest
+// is scratch shared by all blocks. Attention is fused (attention_math.hpp): its [T, T] scores
+// and probabilities never reach the arena, so every buffer grows with the rows B x T only. Parameters come through P (param(k): const half_t*, grad(k): float*,
 // gradients accumulate), as in gpt_modules.hpp.
 #include <algorithm>
 #include <cstddef>
@@ -35,20 +36,19 @@ class ops_gpt {
   // Where each buffer sits in the arena (byte offsets, 256-byte aligned), for one shape.
   struct layout {
     struct cache_at {
-      std::size_t mean1, rstd1, h1, q, k, v, p, attn, x2, mean2, rstd2, h2, fc_pre;
+      std::size_t mean1, rstd1, h1, qkv_h, attn, lse, x2, mean2, rstd2, h2, fc_pre;
     };
     std::vector<std::size_t> acts;  // f32 [N, d] per block input, then the head's input
     std::vector<cache_at> caches;   // one per block, or one shared with checkpointing
-    std::size_t qkv, scores, o, proj, mlp, act;                             // forward scratch
-    std::size_t dres, dres_h, dact, dfc_h, dh, datt, d_o, dq, dk, dv, dqkv, dqkv_h;  // backward
+    std::size_t qkv, proj, mlp, act;                                             // forward scratch
+    std::size_t dres, dres_h, dact, dfc_h, dh, datt, d_o, delta, dqkv, dqkv_h;  // backward
     std::size_t meanf, rstdf, hf, logits, dlogits, row_loss;                // head and loss
     std::size_t tokens, targets, by_row, uniq, offsets, col_scratch;        // batch indices
     std::size_t total = 0;
 
     layout(const gpt_config& c, int batch, int seq, bool checkpoint) {
       const std::size_t n = std::size_t(batch) * std::size_t(seq), d = std::size_t(c.d_model),
-                        f = std::size_t(c.d_ff), v = std::size_t(c.vocab),
-                        scores_n = std::size_t(batch) * std::size_t(c.n_heads) * std::size_t(seq) * std::size_t(seq);
+                        f = std::size_t(c.d_ff), v = std::size_t(c.vocab), heads = std::size_t(c.n_heads);
       const std::size_t hs = sizeof(half_t), fs = sizeof(float), is = sizeof(std::int32_t);
       auto take = [&](std::size_t bytes) {
         const std::size_t at = total;
@@ -58,14 +58,11 @@ class ops_gpt {
       for (int l = 0; l <= c.n_layers; ++l) acts.push_back(take(n * d * fs));
       caches.resize(checkpoint ? 1 : std::size_t(c.n_layers));
       for (auto& k : caches)
-        k = {take(n * fs), take(n * fs), take(n * d * hs), take(n * d * hs), take(n * d * hs), take(n * d * hs),
-             take(scores_n * hs), take(n * d * hs), take(n * d * fs), take(n * fs), take(n * fs), take(n * d * hs),
-             take(n * f * fs)};
-      qkv = take(3 * n * d * fs), scores = take(scores_n * fs), o = take(n * d * fs), proj = take(n * d * fs);
-      mlp = take(n * d * fs), act = take(n * f * hs);
+        k = {take(n * fs), take(n * fs), take(n * d * hs), take(3 * n * d * hs), take(n * d * hs), take(n * heads * fs),
+             take(n * d * fs), take(n * fs), take(n * fs), take(n * d * hs), take(n * f * fs)};
+      qkv = take(3 * n * d * fs), proj = take(n * d * fs), mlp = take(n * d * fs), act = take(n * f * hs);
       dres = take(n * d * fs), dres_h = take(n * d * hs), dact = take(n * f * fs), dfc_h = take(n * f * hs);
-      dh = take(n * d * fs), datt = take(n * d * fs), d_o = take(n * d * hs);
-      dq = take(n * d * fs), dk = take(n * d * fs), dv = take(n * d * fs);
+      dh = take(n * d * fs), datt = take(n * d * fs), d_o = take(n * d * hs), delta = take(n * heads * fs);
       dqkv = take(3 * n * d * fs), dqkv_h = take(3 * n * d * hs);
       meanf = take(n * fs), rstdf = take(n * fs), hf = take(n * d * hs), logits = take(n * v * fs);
       dlogits = take(n * v * hs), row_loss = take(n * fs);
@@ -142,18 +139,12 @@ class ops_gpt {
   void block_forward(int layer, const P& p) {
     namespace bp = block_param;
     const auto& k = cache(layer);
-    const int n = rows(), d = c_.d_model, f = c_.d_ff, t = seq_;
-    const math::head_layout hl = heads();
+    const int n = rows(), d = c_.d_model, f = c_.d_ff;
     const float* x = act(layer);
     ops_.layer_norm_forward(x, p.param(bp::ln1_gain), p.param(bp::ln1_bias), half(k.h1), f32(k.mean1), f32(k.rstd1), n, d);
     ops::matmul(ops_, n, 3 * d, d, half(k.h1), false, p.param(bp::qkv_weight), false, f32(at_.qkv), 0.0f);
-    ops_.qkv_bias_permute(f32(at_.qkv), p.param(bp::qkv_bias), half(k.q), half(k.k), half(k.v), hl);
-    const ops::batch_strides qk{.a = t * hl.head_dim, .b = t * hl.head_dim, .c = (long long)t * t, .count = bh()};
-    ops::matmul(ops_, t, t, hl.head_dim, half(k.q), false, half(k.k), true, f32(at_.scores), 0.0f, qk);
-    ops_.causal_softmax_forward(f32(at_.scores), half(k.p), bh() * t, t, scale());
-    const ops::batch_strides pv{.a = (long long)t * t, .b = t * hl.head_dim, .c = t * hl.head_dim, .count = bh()};
-    ops::matmul(ops_, t, hl.head_dim, t, half(k.p), false, half(k.v), false, f32(at_.o), 0.0f, pv);
-    ops_.heads_to_rows(f32(at_.o), half(k.attn), hl);
+    ops_.bias_to_half(f32(at_.qkv), p.param(bp::qkv_bias), half(k.qkv_h), n, 3 * d);
+    ops_.attention_forward(half(k.qkv_h), half(k.attn), f32(k.lse), heads(), scale());
     ops::matmul(ops_, n, d, d, half(k.attn), false, p.param(bp::attn_proj_weight), false, f32(at_.proj), 0.0f);
     ops_.residual_layer_norm_forward(x, f32(at_.proj), p.param(bp::attn_proj_bias), f32(k.x2), p.param(bp::ln2_gain),
                                      p.param(bp::ln2_bias), half(k.h2), f32(k.mean2), f32(k.rstd2), n, d);
@@ -169,8 +160,7 @@ class ops_gpt {
   void block_backward(int layer, P&& p) {
     namespace bp = block_param;
     const auto& k = cache(layer);
-    const int n = rows(), d = c_.d_model, f = c_.d_ff, t = seq_, hd = c_.head_dim();
-    const math::head_layout hl = heads();
+    const int n = rows(), d = c_.d_model, f = c_.d_ff;
     float* dres = f32(at_.dres);
     // MLP branch: y = x2 + proj(gelu(fc(ln2(x2)))).
     ops_.gelu_forward(f32(k.fc_pre), half(at_.act), std::size_t(n) * std::size_t(f));
@@ -190,14 +180,9 @@ class ops_gpt {
     ops::matmul(ops_, d, d, n, half(k.attn), true, half(at_.dres_h), false, p.grad(bp::attn_proj_weight), 1.0f);
     ops_.bias_grad(dres, p.grad(bp::attn_proj_bias), n, d);
     ops::matmul(ops_, n, d, d, half(at_.dres_h), false, p.param(bp::attn_proj_weight), true, f32(at_.datt), 0.0f);
-    ops_.rows_to_heads(f32(at_.datt), half(at_.d_o), hl);
-    const long long th = (long long)t * hd, tt = (long long)t * t;
-    ops::matmul(ops_, t, hd, t, half(k.p), true, half(at_.d_o), false, f32(at_.dv), 0.0f, {tt, th, th, bh()});
-    ops::matmul(ops_, t, t, hd, half(at_.d_o), false, half(k.v), true, f32(at_.scores), 0.0f, {th, th, tt, bh()});
-    ops_.causal_softmax_backward(half(k.p), f32(at_.scores), half(k.p), bh() * t, t, scale());  // dS over P
-    ops::matmul(ops_, t, hd, t, half(k.p), false, half(k.k), false, f32(at_.dq), 0.0f, {tt, th, th, bh()});
-    ops::matmul(ops_, t, hd, t, half(k.p), true, half(k.q), false, f32(at_.dk), 0.0f, {tt, th, th, bh()});
-    ops_.qkv_grad_to_rows(f32(at_.dq), f32(at_.dk), f32(at_.dv), f32(at_.dqkv), half(at_.dqkv_h), hl);
+    ops_.attention_backward_prepare(f32(at_.datt), half(k.attn), half(at_.d_o), f32(at_.delta), heads());
+    ops_.attention_backward(half(k.qkv_h), half(at_.d_o), f32(k.lse), f32(at_.delta), f32(at_.dqkv), half(at_.dqkv_h),
+                            heads(), scale());
     ops::matmul(ops_, d, 3 * d, n, half(k.h1), true, half(at_.dqkv_h), false, p.grad(bp::qkv_weight), 1.0f);
     ops_.bias_grad(f32(at_.dqkv), p.grad(bp::qkv_bias), n, 3 * d);
     ops::matmul(ops_, n, d, 3 * d, half(at_.dqkv_h), false, p.param(bp::qkv_weight), true, f32(at_.dh), 0.0f);
@@ -253,13 +238,17 @@ class ops_gpt {
     if (batch < 1 || seq < 1 || seq > c.seq_len)
       throw std::invalid_argument("ops_gpt: need batch >= 1 and 1 <= seq <= seq_len (" + std::to_string(c.seq_len) +
                                   "), got batch " + std::to_string(batch) + ", seq " + std::to_string(seq));
+    if constexpr (requires { Ops::max_head_dim; })  // the GPU's fused attention holds a head in shared memory
+      if (c.head_dim() > Ops::max_head_dim)
+        throw std::invalid_argument("ops_gpt: heads of " + std::to_string(c.head_dim()) + " elements (d_model " +
+                                    std::to_string(c.d_model) + " / " + std::to_string(c.n_heads) +
+                                    " heads); this backend's attention holds up to " + std::to_string(Ops::max_head_dim));
     return 0;
   }
   const typename layout::cache_at& cache(int layer) const {
     return at_.caches[checkpoint_ ? 0 : std::size_t(layer)];
   }
   math::head_layout heads() const { return {batch_, seq_, c_.n_heads, c_.head_dim()}; }
-  int bh() const { return batch_ * c_.n_heads; }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(c_.head_dim())); }
   float* f32(std::size_t off) const { return reinterpret_cast<float*>(base_ + off); }
   half_t* half(std::size_t off) const { return reinterpret_cast<half_t*>(base_ + off); }

@@ -32,8 +32,9 @@ struct gpu_run_options {
 };
 
 // Model FLOPs per token, the PaLM convention: 6 x (parameters in matmuls) + 12 x layers x d x T
-// for attention (the kernels compute the full T x T products, so causal masking saves nothing).
-// Embedding lookups are not matmuls and are not counted.
+// for attention, counted in full although the fused attention skips the key tiles above the
+// diagonal (about half of them), as MFU figures are usually quoted. Embedding lookups are not
+// matmuls and are not counted.
 inline double flops_per_token(const gpt_config& c, int seq) {
   const double d = c.d_model, f = c.d_ff, v = c.vocab;
   const double matmul_params = c.n_layers * (d * 3 * d + d * d + 2 * d * f) + d * v;

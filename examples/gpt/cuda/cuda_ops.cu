@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../ops_contract.hpp"
+#include "attention_kernels.cuh"
 #include "gpt_kernels.cuh"
 #include "zshard/backend/cuda_check.hpp"
 
@@ -41,6 +42,7 @@ struct cuda_ops::impl {
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  std::size_t smem_optin = 0;  // shared memory a block may opt into on this device
   // Uploads go through a ring of pinned slots, each reused only after its last copy finished.
   struct slot {
     void* host = nullptr;
@@ -86,6 +88,21 @@ cuda_ops::cuda_ops(int device, cudaStream_t stream, std::size_t cublas_workspace
     cublas_check(cublasSetWorkspace(impl_->blas, impl_->workspace, cublas_workspace), "cublasSetWorkspace");
   }
   for (auto& s : impl_->ring) zshard::cuda::check(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), "cudaEventCreate");
+  // The attention kernels take more than the default 48 KiB of shared memory: allow what the
+  // largest head needs (a launch uses what its head needs, which sets its occupancy).
+  const int largest = math::attention_max_head_dim;
+  const std::pair<const void*, std::size_t> attention[] = {
+      {reinterpret_cast<const void*>(&attention_forward_kernel), att_forward_smem(largest).bytes},
+      {reinterpret_cast<const void*>(&attention_dkdv_kernel), att_dkdv_smem(largest).bytes},
+      {reinterpret_cast<const void*>(&attention_dq_kernel), att_dq_smem(largest).bytes}};
+  int optin = 0;
+  zshard::cuda::check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                      "cudaDeviceGetAttribute(shared memory per block)");
+  for (const auto& [kernel, bytes] : attention)
+    zshard::cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(std::min<std::size_t>(bytes, std::size_t(optin)))),
+                        "cudaFuncSetAttribute (attention shared memory)");
+  impl_->smem_optin = std::size_t(optin);
   zshard::cuda::check(cudaEventCreateWithFlags(&impl_->down.done, cudaEventDisableTiming), "cudaEventCreate");
 }
 
@@ -274,48 +291,52 @@ void cuda_ops::gelu_backward(const float* pre, float* d, half_t* d_half, std::si
   gelu_backward_kernel<<<blocks_for(n), threads, 0, impl_->stream>>>(pre, d, d_half, n);
   launched("gelu_backward");
 }
-void cuda_ops::qkv_bias_permute(const float* qkv, const half_t* bias, half_t* q, half_t* k, half_t* v,
-                                const math::head_layout& hl) {
-  const std::size_t n = std::size_t(hl.batch) * hl.seq * 3 * hl.d_model();
-  index_for(n, [&](auto i) {
-    qkv_bias_permute_kernel<decltype(i)><<<blocks_for(n), threads, 0, impl_->stream>>>(qkv, bias, q, k, v, hl);
-  });
-  launched("qkv_bias_permute");
+void cuda_ops::bias_to_half(const float* x, const half_t* bias, half_t* y, int rows, int cols) {
+  const dim3 grid(unsigned((cols + threads - 1) / threads), unsigned(std::clamp(rows, 1, 65535)));
+  bias_to_half_kernel<<<grid, threads, 0, impl_->stream>>>(x, bias, y, rows, cols);
+  launched("bias_to_half");
 }
-void cuda_ops::causal_softmax_forward(const float* s, half_t* p, int rows, int seq, float scale) {
-  if (!with_register_row(seq, [&](auto k) {
-        causal_softmax_forward_regs_kernel<k()><<<row_blocks(rows), threads, 0, impl_->stream>>>(s, p, rows, seq, scale);
-      }))
-    causal_softmax_forward_kernel<<<row_blocks(rows), threads, 0, impl_->stream>>>(s, p, rows, seq, scale);
-  launched("causal_softmax_forward");
+namespace {
+// The attention kernels' grid: one block per 64-row tile of each (sequence, head).
+dim3 attention_grid(const math::head_layout& hl) {
+  return dim3(unsigned((hl.seq + att_tile - 1) / att_tile), unsigned(hl.batch * hl.heads));
 }
-void cuda_ops::causal_softmax_backward(const half_t* p, const float* dp, half_t* ds, int rows, int seq, float scale) {
-  if (!with_register_row(seq, [&](auto k) {
-        causal_softmax_backward_regs_kernel<k()><<<row_blocks(rows), threads, 0, impl_->stream>>>(p, dp, ds, rows, seq,
-                                                                                                  scale);
-      }))
-    causal_softmax_backward_kernel<<<row_blocks(rows), threads, 0, impl_->stream>>>(p, dp, ds, rows, seq, scale);
-  launched("causal_softmax_backward");
+// The head fits the kernels, and the block's shared memory fits the device.
+std::size_t attention_smem(const math::head_layout& hl, const att_smem& sm, std::size_t optin) {
+  if (hl.head_dim < 1 || hl.head_dim > math::attention_max_head_dim)
+    throw zshard::error(zshard::error_kind::usage,
+                        "gpt cuda_ops: the fused attention holds heads of up to " +
+                            std::to_string(math::attention_max_head_dim) + " elements, got " + std::to_string(hl.head_dim),
+                        "use more heads (d_model / n_heads <= 128)");
+  if (sm.bytes > optin)
+    throw zshard::error(zshard::error_kind::usage,
+                        "gpt cuda_ops: the fused attention needs " + std::to_string(sm.bytes) +
+                            " bytes of shared memory per block for heads of " + std::to_string(hl.head_dim) +
+                            " elements; this device allows " + std::to_string(optin),
+                        "use smaller heads (more of them)");
+  return sm.bytes;
 }
-void cuda_ops::heads_to_rows(const float* o, half_t* out, const math::head_layout& hl) {
-  const std::size_t n = std::size_t(hl.batch) * hl.seq * hl.d_model();
-  index_for(n, [&](auto i) { heads_to_rows_kernel<decltype(i)><<<blocks_for(n), threads, 0, impl_->stream>>>(o, out, hl); });
-  launched("heads_to_rows");
+}  // namespace
+void cuda_ops::attention_forward(const half_t* qkv, half_t* out, float* lse, const math::head_layout& hl, float scale) {
+  const std::size_t smem = attention_smem(hl, att_forward_smem(hl.head_dim), impl_->smem_optin);
+  attention_forward_kernel<<<attention_grid(hl), att_threads, smem, impl_->stream>>>(qkv, out, lse, hl, scale);
+  launched("attention_forward");
 }
-void cuda_ops::rows_to_heads(const float* d_out, half_t* d_o, const math::head_layout& hl) {
-  const std::size_t n = std::size_t(hl.batch) * hl.seq * hl.d_model();
-  index_for(n, [&](auto i) {
-    rows_to_heads_kernel<decltype(i)><<<blocks_for(n), threads, 0, impl_->stream>>>(d_out, d_o, hl);
-  });
-  launched("rows_to_heads");
+void cuda_ops::attention_backward_prepare(const float* d_out, const half_t* out, half_t* d_out_half, float* delta,
+                                          const math::head_layout& hl) {
+  attention_delta_kernel<<<unsigned(hl.batch * hl.seq), threads, 0, impl_->stream>>>(d_out, out, d_out_half, delta, hl);
+  launched("attention_backward_prepare");
 }
-void cuda_ops::qkv_grad_to_rows(const float* dq, const float* dk, const float* dv, float* dqkv, half_t* dqkv_half,
-                                const math::head_layout& hl) {
-  const std::size_t n = std::size_t(hl.batch) * hl.seq * 3 * hl.d_model();
-  index_for(n, [&](auto i) {
-    qkv_grad_to_rows_kernel<decltype(i)><<<blocks_for(n), threads, 0, impl_->stream>>>(dq, dk, dv, dqkv, dqkv_half, hl);
-  });
-  launched("qkv_grad_to_rows");
+void cuda_ops::attention_backward(const half_t* qkv, const half_t* d_out_half, const float* lse, const float* delta,
+                                  float* dqkv, half_t* dqkv_half, const math::head_layout& hl, float scale) {
+  const std::size_t dkdv = attention_smem(hl, att_dkdv_smem(hl.head_dim), impl_->smem_optin),
+                    dq = attention_smem(hl, att_dq_smem(hl.head_dim), impl_->smem_optin);
+  attention_dkdv_kernel<<<attention_grid(hl), att_threads, dkdv, impl_->stream>>>(qkv, d_out_half, lse, delta, dqkv,
+                                                                                  dqkv_half, hl, scale);
+  launched("attention_backward (dk, dv)");
+  attention_dq_kernel<<<attention_grid(hl), att_threads, dq, impl_->stream>>>(qkv, d_out_half, lse, delta, dqkv,
+                                                                              dqkv_half, hl, scale);
+  launched("attention_backward (dq)");
 }
 void cuda_ops::residual_add(const float* x, const float* branch, const half_t* bias, float* out, int rows, int cols) {
   const std::size_t n = std::size_t(rows) * cols;

@@ -5,8 +5,10 @@
 // construction (the engine's compute stream) and returns at once, except download() and the
 // GEMM rate measurement, which wait.
 //
-// The kernels are thin launches of gpt_math.hpp's functions (the ones the CPU tests check), in
-// one nvcc translation unit (cuda_ops.cu, the gpt_cuda_ops library); this header is plain C++.
+// The kernels are thin launches of gpt_math.hpp's and attention_math.hpp's functions (the ones
+// the CPU tests check), in one nvcc translation unit (cuda_ops.cu, the gpt_cuda_ops library);
+// this header is plain C++. Attention is fused: tiles in shared memory, bf16 tensor-core
+// products, the [T, T] scores never in device memory.
 // Reductions are deterministic: a row's sums go through a fixed warp/block tree, column sums
 // by fixed chunks of rows, the token embedding's gradient by distinct token in row order; no
 // atomics, so two runs give the same bits.
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "../attention_math.hpp"
 #include "../gpt_math.hpp"
 #include "zshard/core/dtype.hpp"
 
@@ -25,6 +28,7 @@ class cuda_ops {
  public:
   using half_t = zshard::bf16;
   float* col_scratch = nullptr;  // set by the model (ops_contract.hpp)
+  static constexpr int max_head_dim = math::attention_max_head_dim;  // the attention kernels' limit
 
   // cublas_workspace: device bytes for cuBLAS (NVIDIA recommends 32 MiB on Hopper).
   cuda_ops(int device, cudaStream_t stream, std::size_t cublas_workspace = std::size_t{32} << 20);
@@ -71,14 +75,13 @@ class cuda_ops {
   void bias_gelu_forward(float* pre, const half_t* bias, half_t* act, int rows, int cols);
   void gelu_forward(const float* pre, half_t* act, std::size_t n);
   void gelu_backward(const float* pre, float* d, half_t* d_half, std::size_t n);
-  void qkv_bias_permute(const float* qkv, const half_t* bias, half_t* q, half_t* k, half_t* v,
-                        const math::head_layout& hl);
-  void causal_softmax_forward(const float* s, half_t* p, int rows, int seq, float scale);
-  void causal_softmax_backward(const half_t* p, const float* dp, half_t* ds, int rows, int seq, float scale);
-  void heads_to_rows(const float* o, half_t* out, const math::head_layout& hl);
-  void rows_to_heads(const float* d_out, half_t* d_o, const math::head_layout& hl);
-  void qkv_grad_to_rows(const float* dq, const float* dk, const float* dv, float* dqkv, half_t* dqkv_half,
-                        const math::head_layout& hl);
+  void bias_to_half(const float* x, const half_t* bias, half_t* y, int rows, int cols);
+  // Fused causal attention (attention_kernels.cuh; heads of up to max_head_dim elements).
+  void attention_forward(const half_t* qkv, half_t* out, float* lse, const math::head_layout& hl, float scale);
+  void attention_backward_prepare(const float* d_out, const half_t* out, half_t* d_out_half, float* delta,
+                                  const math::head_layout& hl);
+  void attention_backward(const half_t* qkv, const half_t* d_out_half, const float* lse, const float* delta,
+                          float* dqkv, half_t* dqkv_half, const math::head_layout& hl, float scale);
   void residual_add(const float* x, const float* branch, const half_t* bias, float* out, int rows, int cols);
   void to_half(const float* src, half_t* dst, std::size_t n);
   void cross_entropy(const float* logits, const std::int32_t* targets, float* row_loss, half_t* dlogits,

@@ -1,12 +1,14 @@
 #pragma once
 // The GPT's kernels (device code), included by cuda_ops.cu only: each maps threads to
 // gpt_math.hpp's element or row functions; the mapping is the only thing here:
-//   element-wise        grid-stride loops over the flat index
-//   row-wise            one warp per row (layer norm, causal softmax; rows of up to 1024
-//                       elements held in registers) or one block per row (cross-entropy over the
-//                       vocabulary), sums by a fixed xor-shuffle tree
+//   element-wise        grid-stride loops over the flat index, or a 2-D grid (columns x rows)
+//                       where an element needs its column (no division per element)
+//   row-wise            one warp per row (layer norm; rows of up to 1024 elements held in
+//                       registers) or one block per row (cross-entropy over the vocabulary),
+//                       sums by a fixed xor-shuffle tree
 //   column sums         one thread per column over a chunk of rows, then the chunks in order
-// so every result is deterministic, and the host loops (host_ops.hpp) are the same math.
+// so every result is deterministic, and the host loops (host_ops.hpp) are the same math. The
+// fused attention's kernels are in attention_kernels.cuh.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -211,67 +213,13 @@ __global__ void layer_norm_backward_regs_kernel(const float* dy, const float* x,
     if (j < d) dx[at + j] += m::layer_norm_dx(dxhat[k], xhat[k], r, m1, m2);
   }
 }
-template <int per_lane>
-__global__ void causal_softmax_forward_regs_kernel(const float* s, half_t* p, int rows, int seq, float scale) {
-  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const float* sr = s + std::size_t(row) * seq;
-  half_t* pr = p + std::size_t(row) * seq;
-  const int seen = row % seq + 1;
-  float v[per_lane];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < per_lane; ++k) {
-    const int j = lane + 32 * k;
-    v[k] = j < seen ? sr[j] : -INFINITY;
-    mx = fmaxf(mx, v[k]);
-  }
-  mx = warp_max(mx);
-  float sum = 0;
-#pragma unroll
-  for (int k = 0; k < per_lane; ++k) {
-    v[k] = lane + 32 * k < seen ? m::softmax_numerator(v[k], mx, scale) : 0.0f;
-    sum += v[k];
-  }
-  sum = warp_sum(sum);
-#pragma unroll
-  for (int k = 0; k < per_lane; ++k) {
-    const int j = lane + 32 * k;
-    if (j < seq) pr[j] = m::store<half_t>(j < seen ? v[k] / sum : 0.0f);
-  }
-}
-template <int per_lane>
-__global__ void causal_softmax_backward_regs_kernel(const half_t* p, const float* dp, half_t* ds, int rows, int seq,
-                                                    float scale) {
-  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const half_t* pr = p + std::size_t(row) * seq;
-  const float* dpr = dp + std::size_t(row) * seq;
-  const int seen = row % seq + 1;
-  float pv[per_lane], dv[per_lane];
-  float dot = 0;
-#pragma unroll
-  for (int k = 0; k < per_lane; ++k) {
-    const int j = lane + 32 * k;
-    pv[k] = j < seen ? m::load(pr[j]) : 0.0f;
-    dv[k] = j < seen ? dpr[j] : 0.0f;
-    dot += pv[k] * dv[k];
-  }
-  dot = warp_sum(dot);  // every lane has read its p before any lane writes ds (ds may alias p)
-  half_t* dsr = ds + std::size_t(row) * seq;
-#pragma unroll
-  for (int k = 0; k < per_lane; ++k) {
-    const int j = lane + 32 * k;
-    if (j < seq) dsr[j] = m::store<half_t>(j < seen ? m::softmax_grad(pv[k], dv[k], dot, scale) : 0.0f);
-  }
-}
 // Calls f(std::integral_constant<int, per_lane>) with the smallest register row that holds n
 // elements (fewer registers per thread, more warps per SM), or returns false when n > 1024.
 template <class F>
 bool with_register_row(int n, F&& f) {
   if (n <= 32 * 8) return f(std::integral_constant<int, 8>{}), true;
   if (n <= 32 * 24) return f(std::integral_constant<int, 24>{}), true;  // GPT-2 small's d_model 768
-  if (n <= 32 * 32) return f(std::integral_constant<int, 32>{}), true;  // its sequence of 1024
+  if (n <= 32 * 32) return f(std::integral_constant<int, 32>{}), true;
   return false;
 }
 
@@ -328,83 +276,16 @@ __global__ void gelu_backward_kernel(const float* pre, float* d, half_t* d_half,
   }
 }
 
-// ---- attention layouts ------------------------------------------------------------------------------
-template <class I>
-__global__ void qkv_bias_permute_kernel(const float* qkv, const half_t* bias, half_t* q, half_t* k, half_t* v,
-                                        m::head_layout hl) {
-  const int d = hl.d_model();
-  const I n = I(hl.batch) * I(hl.seq) * I(3 * d);
-  for (I i = I(first()); i < n; i += I(stride())) {
-    const I r = i / I(3 * d);
-    const int c = int(i % (3 * d)), which = c / d, h = (c % d) / hl.head_dim, e = c % hl.head_dim;
-    const int b = int(r / hl.seq), t = int(r % hl.seq);
-    half_t* dst = which == 0 ? q : which == 1 ? k : v;
-    dst[hl.head_index(b, h, t, e)] = m::store<half_t>(qkv[i] + m::load(bias[c]));
+// ---- bias + cast: [rows, cols] f32 + bias -> half (the attention's qkv input) ------------------------
+// A 2-D grid (columns by blocks of threads, rows by blocks): no index division per element.
+__global__ void bias_to_half_kernel(const float* x, const half_t* bias, half_t* y, int rows, int cols) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const float b = m::load(bias[c]);
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    const std::size_t i = std::size_t(r) * cols + c;
+    y[i] = m::store<half_t>(x[i] + b);
   }
-}
-// Row-major [N, d] index i <-> [B, H, T, hd]: f(i, head index).
-template <class I, class F>
-__device__ void for_rows_and_heads(const m::head_layout& hl, F&& f) {
-  const int d = hl.d_model();
-  const I n = I(hl.batch) * I(hl.seq) * I(d);
-  for (I i = I(first()); i < n; i += I(stride())) {
-    const I r = i / I(d);
-    const int c = int(i % d);
-    f(i, hl.head_index(int(r / hl.seq), c / hl.head_dim, int(r % hl.seq), c % hl.head_dim));
-  }
-}
-template <class I>
-__global__ void heads_to_rows_kernel(const float* o, half_t* out, m::head_layout hl) {
-  for_rows_and_heads<I>(hl, [&](I i, std::size_t h) { out[i] = m::store<half_t>(o[h]); });
-}
-template <class I>
-__global__ void rows_to_heads_kernel(const float* d_out, half_t* d_o, m::head_layout hl) {
-  for_rows_and_heads<I>(hl, [&](I i, std::size_t h) { d_o[h] = m::store<half_t>(d_out[i]); });
-}
-template <class I>
-__global__ void qkv_grad_to_rows_kernel(const float* dq, const float* dk, const float* dv, float* dqkv,
-                                        half_t* dqkv_half, m::head_layout hl) {
-  const int d = hl.d_model();
-  const I n = I(hl.batch) * I(hl.seq) * I(3 * d);
-  for (I i = I(first()); i < n; i += I(stride())) {
-    const I r = i / I(3 * d);
-    const int c = int(i % (3 * d)), which = c / d, h = (c % d) / hl.head_dim, e = c % hl.head_dim;
-    const float* src = which == 0 ? dq : which == 1 ? dk : dv;
-    const float g = src[hl.head_index(int(r / hl.seq), h, int(r % hl.seq), e)];
-    dqkv[i] = g;
-    dqkv_half[i] = m::store<half_t>(g);
-  }
-}
-
-// ---- causal softmax: one warp per row of [B*H*T, T]; row r is query t = r % T --------------------------
-__global__ void causal_softmax_forward_kernel(const float* s, half_t* p, int rows, int seq, float scale) {
-  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const float* sr = s + std::size_t(row) * seq;
-  half_t* pr = p + std::size_t(row) * seq;
-  const int seen = row % seq + 1;
-  float mx = -INFINITY;
-  for (int j = lane; j < seen; j += 32) mx = fmaxf(mx, sr[j]);
-  mx = warp_max(mx);
-  float sum = 0;
-  for (int j = lane; j < seen; j += 32) sum += m::softmax_numerator(sr[j], mx, scale);
-  sum = warp_sum(sum);
-  for (int j = lane; j < seq; j += 32)
-    pr[j] = m::store<half_t>(j < seen ? m::softmax_numerator(sr[j], mx, scale) / sum : 0.0f);
-}
-__global__ void causal_softmax_backward_kernel(const half_t* p, const float* dp, half_t* ds, int rows, int seq,
-                                               float scale) {
-  const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const half_t* pr = p + std::size_t(row) * seq;
-  const float* dpr = dp + std::size_t(row) * seq;
-  const int seen = row % seq + 1;
-  float dot = 0;
-  for (int j = lane; j < seen; j += 32) dot += m::load(pr[j]) * dpr[j];
-  dot = warp_sum(dot);  // every lane has read its p before any lane writes ds (ds may alias p)
-  half_t* dsr = ds + std::size_t(row) * seq;
-  for (int j = lane; j < seq; j += 32)
-    dsr[j] = m::store<half_t>(j < seen ? m::softmax_grad(m::load(pr[j]), dpr[j], dot, scale) : 0.0f);
 }
 
 // ---- residual, casts, loss ----------------------------------------------------------------------------
