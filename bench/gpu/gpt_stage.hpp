@@ -9,7 +9,8 @@
 // device's used bytes above what it used before the configuration started, over the plan's
 // device total less its CUDA-context term (the context exists before the first configuration),
 // and for zshard the pool's high-water mark over the ledger's peak without activations (the
-// model's arena is plain cudaMalloc, outside the pool). Part of bench_gpu.cu's translation unit.
+// model's arena is in the device's default pool, outside the backend's). Part of bench_gpu.cu's
+// translation unit.
 //
 // PyTorch beside it: run.sh times bench/gpu/torch_reference.py (the same GPT, shape and batch;
 // bf16 autocast, SDPA, fused AdamW; eager, and torch.compile when it compiles in its budget) on

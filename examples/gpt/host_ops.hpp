@@ -1,8 +1,8 @@
 #pragma once
 // The GPT's operations (ops_contract.hpp) on the CPU, as plain loops over gpt_math.hpp: the
 // same per-element and per-row functions the CUDA kernels run, with the kernels' reduction
-// orders where they are fixed (column sums by chunks of rows, the embedding's gradient by
-// distinct token in row order), and a GEMM that implements cuBLAS's column-major contract
+// orders where they are fixed (column sums by chunks of rows and lanes, the embedding's
+// gradient by chunks of each token's rows), and a GEMM that implements cuBLAS's column-major contract
 // literally (double accumulation). Slow and simple: it is the reference the GPU is compared
 // with (tests/gpu) and the executor that lets CI run the whole device model (tests/examples).
 //
@@ -69,14 +69,23 @@ class host_ops {
       for (int j = 0; j < d; ++j)
         x[r * d + j] = math::load(wte[std::size_t(tokens[r]) * d + j]) + math::load(wpe[(r % seq) * d + j]);
   }
-  // dwte[tok] += dx[r] for each row of tok in row order; dwpe[t] += dx[b T + t] in b order.
-  void embed_backward(const std::int32_t* by_row, const std::int32_t* uniq, const std::int32_t* offsets, int n_uniq,
-                      const float* dx, float* dwte, float* dwpe, int batch, int seq, int d) {
-    for (int u = 0; u < n_uniq; ++u)
+  // dwte[tok] += its rows by chunks (ops::token_chunks): a token's only chunk row by row from
+  // dwte's value; several chunks each summed from 0 into `partial`, then added in order.
+  // dwpe[t] += dx[b T + t] in b order.
+  void embed_backward(const ops::token_chunks& tc, const float* dx, float* dwte, float* dwpe, int batch, int seq, int d) {
+    for (int c = 0; c < tc.chunks; ++c)
       for (int j = 0; j < d; ++j) {
-        float acc = dwte[std::size_t(uniq[u]) * d + j];
-        for (int i = offsets[u]; i < offsets[u + 1]; ++i) acc += dx[std::size_t(by_row[i]) * d + j];
-        dwte[std::size_t(uniq[u]) * d + j] = acc;
+        float* out = tc.chunk_slot[c] < 0 ? dwte + std::size_t(tc.chunk_token[c]) * d + j
+                                          : tc.partial + std::size_t(tc.chunk_slot[c]) * d + j;
+        float acc = tc.chunk_slot[c] < 0 ? *out : 0.0f;
+        for (int i = tc.chunk_begin[c]; i < tc.chunk_begin[c + 1]; ++i) acc += dx[std::size_t(tc.by_row[i]) * d + j];
+        *out = acc;
+      }
+    for (int u = 0; u < tc.multi; ++u)
+      for (int j = 0; j < d; ++j) {
+        float acc = dwte[std::size_t(tc.multi_token[u]) * d + j];
+        for (int sl = tc.multi_slot[u]; sl < tc.multi_slot[u + 1]; ++sl) acc += tc.partial[std::size_t(sl) * d + j];
+        dwte[std::size_t(tc.multi_token[u]) * d + j] = acc;
       }
     for (int t = 0; t < seq; ++t)
       for (int j = 0; j < d; ++j) {
@@ -243,42 +252,53 @@ class host_ops {
   void to_half(const float* src, H* dst, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) dst[i] = math::store<H>(src[i]);
   }
+  // One pass for the row's statistics (online_softmax_push), one for the gradient.
   void cross_entropy(const float* logits, const std::int32_t* targets, float* row_loss, H* dlogits, float grad_weight,
                      int rows, int vocab) {
     for (int r = 0; r < rows; ++r) {
       const float* l = logits + std::size_t(r) * vocab;
-      float m = l[0];
-      for (int j = 1; j < vocab; ++j) m = std::max(m, l[j]);
-      float sum = 0;
-      for (int j = 0; j < vocab; ++j) sum += expf(l[j] - m);
-      row_loss[r] = math::cross_entropy_loss(sum, m, l[targets[r]]);
+      math::online_softmax st;
+      for (int j = 0; j < vocab; ++j) math::online_softmax_push(st, l[j]);
+      row_loss[r] = math::cross_entropy_loss(st.sum, st.max, l[targets[r]]);
       if (dlogits)
         for (int j = 0; j < vocab; ++j)
           dlogits[std::size_t(r) * vocab + j] =
-              math::store<H>(math::cross_entropy_grad(l[j], m, sum, grad_weight, j == targets[r]));
+              math::store<H>(math::cross_entropy_grad(l[j], st.max, st.sum, grad_weight, j == targets[r]));
     }
   }
 
  private:
-  // f(r, j, acc0, acc1) over rows by chunks (each chunk's rows in order, then the chunks in
-  // order), then out0[j] += total0 (and out1 when given): the CUDA kernels' order.
+  // f(r, j, acc0, acc1) over rows by chunks, then out0[j] += total0 (and out1 when given), in
+  // the CUDA kernels' order: within a chunk, lane y (< column_sum_lanes) sums rows begin + y,
+  // begin + y + lanes, ... from 0 and the lanes are added in order; the chunks likewise.
   template <class F>
   void column_sums(int rows, int cols, float* out0, float* out1, F&& f) {
-    const std::size_t chunks = ops::column_sum_chunks(rows);
-    std::vector<float> part(2 * chunks * std::size_t(cols), 0.0f);
-    for (std::size_t ch = 0; ch < chunks; ++ch)
+    constexpr int lanes = ops::column_sum_lanes;
+    const int chunks = int(ops::column_sum_chunks(rows));
+    float* part = col_scratch;  // [2, chunks, cols]
+    for (int ch = 0; ch < chunks; ++ch)
       for (int j = 0; j < cols; ++j) {
+        const int begin = ch * ops::column_sum_rows_per_chunk, end = std::min(rows, begin + ops::column_sum_rows_per_chunk);
         float a = 0, b = 0;
-        const int end = std::min(rows, int((ch + 1) * ops::column_sum_rows_per_chunk));
-        for (int r = int(ch * ops::column_sum_rows_per_chunk); r < end; ++r) f(r, j, a, b);
-        part[ch * cols + j] = a;
-        part[(chunks + ch) * cols + j] = b;
+        for (int y = 0; y < lanes; ++y) {
+          float la = 0, lb = 0;
+          for (int r = begin + y; r < end; r += lanes) f(r, j, la, lb);
+          a += la;
+          b += lb;
+        }
+        part[std::size_t(ch) * cols + j] = a;
+        part[std::size_t(chunks + ch) * cols + j] = b;
       }
     for (int j = 0; j < cols; ++j) {
       float a = 0, b = 0;
-      for (std::size_t ch = 0; ch < chunks; ++ch) {
-        a += part[ch * cols + j];
-        b += part[(chunks + ch) * cols + j];
+      for (int y = 0; y < lanes; ++y) {
+        float la = 0, lb = 0;
+        for (int ch = y; ch < chunks; ch += lanes) {
+          la += part[std::size_t(ch) * cols + j];
+          lb += part[std::size_t(chunks + ch) * cols + j];
+        }
+        a += la;
+        b += lb;
       }
       out0[j] += a;
       if (out1) out1[j] += b;

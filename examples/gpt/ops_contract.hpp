@@ -15,7 +15,8 @@
 //     cuBLAS's column-major contract with alpha = 1: C_i = op(A_i) op(B_i) + beta C_i for each
 //     of `batch` matrices i (A_i = A + i strideA, ...); A, B half_t, C float, f32 accumulation.
 //   embed_forward(tokens, wte, wpe, x, batch, seq, d)                      x = wte[tok] + wpe[t]
-//   embed_backward(tokens_by_row, uniq, offsets, n_uniq, dx, dwte, dwpe, batch, seq, d)
+//   embed_backward(chunks, dx, dwte, dwpe, batch, seq, d)                  dwte[tok] += its rows by chunks
+//                                                                          (token_chunks), dwpe[t] += dx rows of t
 //   layer_norm_forward(x, gain, bias, y, mean, rstd, rows, d)              y half_t
 //   residual_layer_norm_forward(x, branch, branch_bias, sum, gain, bias, y, mean, rstd, rows, d)
 //                                                                          sum = (branch + b) + x, then LN
@@ -38,6 +39,7 @@
 // The column sums in layer_norm_param_grad and bias_grad take a scratch of
 // column_sum_scratch_floats(rows, cols) floats from `col_scratch` (set by the model).
 #include <cstddef>
+#include <cstdint>
 
 namespace gpt::ops {
 
@@ -58,14 +60,39 @@ void matmul(Ops& o, int M, int N, int K, const H* A, bool ta, const H* B, bool t
 }
 
 // The column-sum kernels reduce `rows` in chunks of this many rows, then the chunks in order
-// (deterministic, and enough blocks to fill a GPU when there are few columns).
+// (deterministic, and enough blocks to fill a GPU when there are few columns). Within a chunk
+// (and over the chunks) column_sum_lanes partial sums take every column_sum_lanes-th row, and
+// are then added in lane order: a GPU block of 32 columns x 8 lanes, 16 rows per thread.
 inline constexpr int column_sum_rows_per_chunk = 128;
+inline constexpr int column_sum_lanes = 8;
 inline std::size_t column_sum_chunks(int rows) {
   return (static_cast<std::size_t>(rows) + column_sum_rows_per_chunk - 1) / column_sum_rows_per_chunk;
 }
 // Two outputs (layer norm's gain and bias) of `cols` per chunk.
 inline std::size_t column_sum_scratch_floats(int rows, int cols) {
   return 2 * column_sum_chunks(rows) * static_cast<std::size_t>(cols);
+}
+
+// The token embedding's gradient without atomics (token_chunks.hpp builds it for a batch): the
+// rows of each distinct token in row order, cut into chunks of at most embed_rows_per_chunk, so
+// no thread walks more than that many rows, nor more than 2 N / embed_rows_per_chunk chunks.
+// A token with one chunk adds it into dwte[token] (from dwte's value, row by row); a token
+// with several writes each chunk's sum to a row of `partial`, then adds those in order.
+inline constexpr int embed_rows_per_chunk = 128;
+struct token_chunks {
+  const std::int32_t* by_row = nullptr;       // [N] rows sorted by token, row order within a token
+  const std::int32_t* chunk_begin = nullptr;  // [chunks + 1] positions in by_row
+  const std::int32_t* chunk_token = nullptr;  // [chunks]
+  const std::int32_t* chunk_slot = nullptr;   // [chunks] -1: its token's only chunk, else its row of `partial`
+  const std::int32_t* multi_token = nullptr;  // [multi] the tokens with several chunks
+  const std::int32_t* multi_slot = nullptr;   // [multi + 1] their rows of `partial`, consecutive, in order
+  int chunks = 0, multi = 0;
+  float* partial = nullptr;  // [token_chunk_slots(N), d]
+};
+// Rows of `partial` a batch of `rows` tokens can need: a token with c > 1 chunks has more than
+// (c - 1) x embed_rows_per_chunk rows, so c <= 2 x its rows / embed_rows_per_chunk.
+inline std::size_t token_chunk_slots(std::size_t rows) {
+  return 2 * ((rows + embed_rows_per_chunk - 1) / embed_rows_per_chunk);
 }
 
 }  // namespace gpt::ops

@@ -25,6 +25,7 @@
 #include "gpt_config.hpp"
 #include "gpt_math.hpp"
 #include "ops_contract.hpp"
+#include "token_chunks.hpp"
 
 namespace gpt {
 
@@ -43,7 +44,9 @@ class ops_gpt {
     std::size_t qkv, proj, mlp, act;                                             // forward scratch
     std::size_t dres, dres_h, dact, dfc_h, dh, datt, d_o, delta, dqkv, dqkv_h;  // backward
     std::size_t meanf, rstdf, hf, logits, dlogits, row_loss;                // head and loss
-    std::size_t tokens, targets, by_row, uniq, offsets, col_scratch;        // batch indices
+    // The batch's indices, one region uploaded at once (token_chunks.hpp), then the scratches.
+    std::size_t tokens, targets, by_row, chunk_begin, chunk_token, chunk_slot, multi_token, multi_slot, batch_end;
+    std::size_t token_partial, col_scratch;
     std::size_t total = 0;
 
     layout(const gpt_config& c, int batch, int seq, bool checkpoint) {
@@ -66,9 +69,12 @@ class ops_gpt {
       dqkv = take(3 * n * d * fs), dqkv_h = take(3 * n * d * hs);
       meanf = take(n * fs), rstdf = take(n * fs), hf = take(n * d * hs), logits = take(n * v * fs);
       dlogits = take(n * v * hs), row_loss = take(n * fs);
-      tokens = take(n * is), targets = take(n * is), by_row = take(n * is), uniq = take(n * is);
-      offsets = take((n + 1) * is);
-      col_scratch = take(ops::column_sum_scratch_floats(int(n), int(std::max({3 * d, f, v}))) * fs);
+      const std::size_t multi = n / ops::embed_rows_per_chunk + 1;  // tokens with more rows than a chunk
+      tokens = take(n * is), targets = take(n * is), by_row = take(n * is), chunk_begin = take((n + 1) * is);
+      chunk_token = take(n * is), chunk_slot = take(n * is), multi_token = take(multi * is);
+      multi_slot = take((multi + 1) * is), batch_end = total;
+      token_partial = take(ops::token_chunk_slots(n) * d * fs);
+      col_scratch = take(ops::column_sum_scratch_floats(int(n), int(std::max(3 * d, f))) * fs);  // bias and LN sums
     }
   };
 
@@ -82,6 +88,9 @@ class ops_gpt {
     base_ = static_cast<unsigned char*>(ops_.allocate(at_.total));
     ops_.zero(base_, at_.total);
     ops_.col_scratch = f32(at_.col_scratch);
+    batch_host_.assign(at_.batch_end - at_.tokens, 0);
+    if constexpr (requires { ops_.reserve_staging(std::size_t{}, std::size_t{}); })  // pinned once, not per step
+      ops_.reserve_staging(batch_host_.size(), std::size_t(rows()) * sizeof(float));
   }
   ops_gpt(const ops_gpt&) = delete;
   ops_gpt& operator=(const ops_gpt&) = delete;
@@ -92,8 +101,8 @@ class ops_gpt {
   bool checkpointed() const noexcept { return checkpoint_; }
   const gpt_config& config() const noexcept { return c_; }
 
-  // Tokens, targets, and for the token embedding's gradient the rows of each distinct token
-  // (a deterministic gather-sum on the device instead of atomics).
+  // Tokens, targets, and for the token embedding's gradient the rows of each distinct token in
+  // bounded chunks (a deterministic gather-sum on the device instead of atomics): one upload.
   void load_batch(const batch& b) {
     if (b.batch_size != batch_ || b.seq_len != seq_)
       throw std::invalid_argument("ops_gpt: batch [" + std::to_string(b.batch_size) + ", " + std::to_string(b.seq_len) +
@@ -104,22 +113,21 @@ class ops_gpt {
       if (b.tokens[r] < 0 || b.tokens[r] >= c_.vocab || b.targets[r] < 0 || b.targets[r] >= c_.vocab)
         throw std::out_of_range("ops_gpt: token or target at row " + std::to_string(r) + " outside vocab " +
                                 std::to_string(c_.vocab));
-    by_row_.resize(n);
-    for (std::size_t r = 0; r < n; ++r) by_row_[r] = std::int32_t(r);
-    std::stable_sort(by_row_.begin(), by_row_.end(), [&](int a, int z) { return b.tokens[a] < b.tokens[z]; });
-    uniq_.clear();
-    offsets_.clear();
-    for (std::size_t i = 0; i < n; ++i)
-      if (i == 0 || b.tokens[by_row_[i]] != b.tokens[by_row_[i - 1]]) {
-        uniq_.push_back(b.tokens[by_row_[i]]);
-        offsets_.push_back(std::int32_t(i));
-      }
-    offsets_.push_back(std::int32_t(n));
-    ops_.upload(base_ + at_.tokens, b.tokens.data(), n * 4);
-    ops_.upload(base_ + at_.targets, b.targets.data(), n * 4);
-    ops_.upload(base_ + at_.by_row, by_row_.data(), n * 4);
-    ops_.upload(base_ + at_.uniq, uniq_.data(), uniq_.size() * 4);
-    ops_.upload(base_ + at_.offsets, offsets_.data(), offsets_.size() * 4);
+    chunks_.build(b.tokens, c_.vocab);
+    const auto put = [&](std::size_t at, const std::vector<std::int32_t>& v) {
+      std::copy(v.begin(), v.end(), reinterpret_cast<std::int32_t*>(batch_host_.data() + (at - at_.tokens)));
+    };
+    put(at_.tokens, b.tokens), put(at_.targets, b.targets), put(at_.by_row, chunks_.by_row);
+    put(at_.chunk_begin, chunks_.chunk_begin), put(at_.chunk_token, chunks_.chunk_token);
+    put(at_.chunk_slot, chunks_.chunk_slot), put(at_.multi_token, chunks_.multi_token);
+    put(at_.multi_slot, chunks_.multi_slot);
+    ops_.upload(base_ + at_.tokens, batch_host_.data(), batch_host_.size());
+  }
+
+  // The token embedding gradient's chunks of the last load_batch (pointers into the arena).
+  ops::token_chunks token_chunks() const {
+    return {ints(at_.by_row), ints(at_.chunk_begin), ints(at_.chunk_token), ints(at_.chunk_slot), ints(at_.multi_token),
+            ints(at_.multi_slot), int(chunks_.chunk_token.size()), int(chunks_.multi_token.size()), f32(at_.token_partial)};
   }
 
   template <class P>
@@ -130,8 +138,8 @@ class ops_gpt {
 
   template <class P>
   void embed_backward(P&& p) {
-    ops_.embed_backward(ints(at_.by_row), ints(at_.uniq), ints(at_.offsets), int(uniq_.size()), f32(at_.dres),
-                        p.grad(embed_param::token), p.grad(embed_param::position), batch_, seq_, c_.d_model);
+    ops_.embed_backward(token_chunks(), f32(at_.dres), p.grad(embed_param::token), p.grad(embed_param::position),
+                        batch_, seq_, c_.d_model);
   }
 
   // y = x + attn(ln1(x)); y += mlp(ln2(y)): act(layer) -> act(layer + 1).
@@ -261,7 +269,8 @@ class ops_gpt {
   bool checkpoint_;
   layout at_;
   unsigned char* base_ = nullptr;
-  std::vector<std::int32_t> by_row_, uniq_, offsets_;
+  ops::token_chunk_plan chunks_;
+  std::vector<unsigned char> batch_host_;  // the batch region's bytes, uploaded at once
   std::vector<float> row_loss_;
 };
 

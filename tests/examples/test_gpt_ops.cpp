@@ -152,9 +152,11 @@ TEST_CASE("ops::matmul: row-major products through cuBLAS's column-major contrac
       }
 }
 
-TEST_CASE("host_ops: softmax cross-entropy forward and backward against float64, odd vocabulary") {
+TEST_CASE("host_ops: softmax cross-entropy (one pass, then the gradient) against float64, odd vocabulary") {
   const int rows = 11, vocab = 37;
-  const auto logits = random_vec(std::size_t(rows * vocab), 3.0, 17);
+  auto logits = random_vec(std::size_t(rows * vocab), 3.0, 17);
+  for (int j = 0; j < vocab; ++j) logits[std::size_t(2 * vocab + j)] = float(j) * 9.0f - 150.0f;  // max last: the sum rescaled at every step
+  logits[std::size_t(3 * vocab + 5)] = 88.0f;                                                    // exp(88) alone is near f32's limit
   std::vector<std::int32_t> targets(static_cast<std::size_t>(rows));
   for (int r = 0; r < rows; ++r) targets[std::size_t(r)] = (r * 7) % vocab;
   hops o;
@@ -193,20 +195,46 @@ TEST_CASE("host_ops: embedding forward and backward (repeated tokens, in row ord
   std::vector<float> xo(std::size_t(N * c.d_model));
   o.embed_forward(tokens.data(), ref_f.embed().param(0), ref_f.embed().param(1), xo.data(), B, T, c.d_model);
   CHECK(rel_err(xo, x) < 1e-6);
-  // the model's sort: rows of each distinct token in row order
+  // the model's counting sort: rows of each distinct token in row order, in chunks
   gpt::batch b{B, T, tokens, tokens};
   gpt::host_ops<float> arena_ops;
   gpt::ops_gpt<gpt::host_ops<float>> net(arena_ops, c, B, T, false);
   net.load_batch(b);
-  const auto& w = net.where();
   std::vector<float> dwte(std::size_t(c.vocab * c.d_model)), dwpe(std::size_t(c.seq_len * c.d_model));
-  const auto ints = [&](std::size_t off) { return reinterpret_cast<const std::int32_t*>(net.at(off)); };
-  int n_uniq = 0;
-  for (int t = 0; t < c.vocab; ++t) n_uniq += std::count(tokens.begin(), tokens.end(), t) > 0;
-  o.embed_backward(ints(w.by_row), ints(w.uniq), ints(w.offsets), n_uniq, dx.data(), dwte.data(), dwpe.data(), B, T,
-                   c.d_model);
+  o.embed_backward(net.token_chunks(), dx.data(), dwte.data(), dwpe.data(), B, T, c.d_model);
   CHECK(rel_err(dwte.data(), grads.grads[0].data(), dwte.size()) < 1e-6);
   CHECK(rel_err(dwpe.data(), grads.grads[1].data(), dwpe.size()) < 1e-6);
+}
+
+TEST_CASE("host_ops: the token embedding's gradient by bounded chunks: a token over several chunks, one at exactly one") {
+  const gpt::gpt_config c{.vocab = 7, .seq_len = 200, .d_model = 5, .n_heads = 1, .n_layers = 1, .d_ff = 4};
+  const int B = 3, T = 200, N = B * T, d = c.d_model;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(N));
+  for (int r = 0; r < N; ++r) {  // spread over the batch: 300 rows of token 3, 128 of 5, 172 of three others
+    const int k = (r * 37) % N;
+    tokens[std::size_t(r)] = k < 300 ? 3 : k < 428 ? 5 : k % 3;
+  }
+  const auto dx = random_vec(std::size_t(N * d), 1.0, 19);
+  gpt::host_ops<float> o;
+  gpt::ops_gpt<gpt::host_ops<float>> net(o, c, B, T, false);
+  net.load_batch(gpt::batch{B, T, tokens, tokens});
+  const gpt::ops::token_chunks tc = net.token_chunks();
+  CHECK(tc.multi == 1);                     // token 3: 300 rows in chunks of 128, 128, 44
+  CHECK(tc.chunks == 3 + 1 + 3);            // token 5 (exactly a chunk) and the three small ones: one each
+  for (int ch = 0; ch < tc.chunks; ++ch) CHECK(tc.chunk_begin[ch + 1] - tc.chunk_begin[ch] <= gpt::ops::embed_rows_per_chunk);
+  std::vector<float> dwte(std::size_t(c.vocab * d), 0.5f), dwpe(std::size_t(T * d), -0.5f);
+  o.embed_backward(tc, dx.data(), dwte.data(), dwpe.data(), B, T, d);
+  for (int tok = 0; tok < c.vocab; ++tok)
+    for (int j = 0; j < d; ++j) {
+      double want = 0.5;
+      for (int r = 0; r < N; ++r)
+        if (tokens[std::size_t(r)] == tok) want += dx[std::size_t(r * d + j)];
+      CHECK(std::abs(dwte[std::size_t(tok * d + j)] - want) < 1e-5 * (1 + std::abs(want)));
+    }
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < d; ++j)
+      CHECK(std::abs(dwpe[std::size_t(t * d + j)] - (-0.5 + dx[std::size_t(t * d + j)] + double(dx[std::size_t((T + t) * d + j)]) +
+                                                    dx[std::size_t((2 * T + t) * d + j)])) < 1e-5);
 }
 
 namespace {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -43,7 +44,10 @@ struct cuda_ops::impl {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   std::size_t smem_optin = 0;  // shared memory a block may opt into on this device
-  // Uploads go through a ring of pinned slots, each reused only after its last copy finished.
+  std::chrono::milliseconds timeout{300'000};  // every host wait, teardown's included
+  // Uploads go through a ring of pinned slots, each reused only after its last copy finished;
+  // the model sizes them once (reserve_staging), so a step never allocates or frees pinned
+  // memory (cudaFreeHost synchronises the device).
   struct slot {
     void* host = nullptr;
     std::size_t bytes = 0;
@@ -59,8 +63,9 @@ struct cuda_ops::impl {
       const cudaError_t s = cudaEventQuery(e);
       if (s == cudaSuccess) return;
       if (s != cudaErrorNotReady) zshard::cuda::check(s, "cudaEventQuery (gpt cuda_ops)");
-      if (std::chrono::steady_clock::now() - start > std::chrono::minutes(5))
-        throw zshard::error(zshard::error_kind::backend, "gpt cuda_ops: the stream did not reach a copy within 5 minutes",
+      if (std::chrono::steady_clock::now() - start > timeout)
+        throw zshard::error(zshard::error_kind::backend,
+                            "gpt cuda_ops: the stream did not reach a copy within " + std::to_string(timeout.count()) + " ms",
                             "a collective ahead of it may wait for a rank that failed");
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -76,14 +81,16 @@ struct cuda_ops::impl {
   }
 };
 
-cuda_ops::cuda_ops(int device, cudaStream_t stream, std::size_t cublas_workspace) : impl_(std::make_unique<impl>()) {
+cuda_ops::cuda_ops(int device, cudaStream_t stream, std::size_t cublas_workspace, std::chrono::milliseconds timeout)
+    : impl_(std::make_unique<impl>()) {
   impl_->device = device;
   impl_->stream = stream;
+  impl_->timeout = timeout;
   zshard::cuda::ensure_device(device);
   cublas_check(cublasCreate(&impl_->blas), "cublasCreate");
   cublas_check(cublasSetStream(impl_->blas, stream), "cublasSetStream");
   if (cublas_workspace) {
-    zshard::cuda::check(cudaMalloc(&impl_->workspace, cublas_workspace), "cudaMalloc (cuBLAS workspace)");
+    zshard::cuda::check(cudaMallocAsync(&impl_->workspace, cublas_workspace, stream), "cudaMallocAsync (cuBLAS workspace)");
     impl_->workspace_bytes = cublas_workspace;
     cublas_check(cublasSetWorkspace(impl_->blas, impl_->workspace, cublas_workspace), "cublasSetWorkspace");
   }
@@ -106,10 +113,23 @@ cuda_ops::cuda_ops(int device, cudaStream_t stream, std::size_t cublas_workspace
   zshard::cuda::check(cudaEventCreateWithFlags(&impl_->down.done, cudaEventDisableTiming), "cudaEventCreate");
 }
 
+// Teardown waits for the stream at most `timeout` (staging may still be read by a copy). A
+// stream that does not drain (a collective ahead of it waits for a failed rank) leaves the
+// pinned staging and the cuBLAS handle allocated rather than hang: cudaFreeHost and
+// cublasDestroy synchronise the device. Device memory is freed in stream order, never waited for.
 cuda_ops::~cuda_ops() {
   if (!impl_) return;
   (void)cudaSetDevice(impl_->device);
-  (void)cudaStreamSynchronize(impl_->stream);  // staging may still be read by a copy
+  bool drained = false;
+  try {
+    zshard::cuda::check(cudaEventRecord(impl_->down.done, impl_->stream), "cudaEventRecord");
+    impl_->wait(impl_->down.done);
+    drained = true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt cuda_ops: teardown leaves its pinned staging and cuBLAS handle allocated: %s\n", e.what());
+  }
+  if (impl_->workspace) (void)cudaFreeAsync(impl_->workspace, impl_->stream);
+  if (!drained) return;
   for (auto* s : {&impl_->down}) {
     if (s->host) (void)cudaFreeHost(s->host);
     if (s->done) (void)cudaEventDestroy(s->done);
@@ -119,22 +139,26 @@ cuda_ops::~cuda_ops() {
     if (s.done) (void)cudaEventDestroy(s.done);
   }
   if (impl_->blas) (void)cublasDestroy(impl_->blas);
-  if (impl_->workspace) (void)cudaFree(impl_->workspace);
 }
 
 cudaStream_t cuda_ops::stream() const noexcept { return impl_->stream; }
 std::size_t cuda_ops::workspace_bytes() const noexcept { return impl_->workspace_bytes; }
 
+// Stream-ordered, from the device's default pool (not the backend's): freeing never waits for
+// the stream, and the arena's last users are on it.
 void* cuda_ops::allocate(std::size_t bytes) {
   zshard::cuda::ensure_device(impl_->device);
   void* p = nullptr;
-  zshard::cuda::check(cudaMalloc(&p, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes, GPT activations)");
+  zshard::cuda::check(cudaMallocAsync(&p, bytes, impl_->stream),
+                      "cudaMallocAsync(" + std::to_string(bytes) + " bytes, GPT activations)");
   return p;
 }
 void cuda_ops::deallocate(void* p) noexcept {
-  if (!p) return;
-  (void)cudaStreamSynchronize(impl_->stream);  // cudaFree would too; the arena's last users are on the stream
-  (void)cudaFree(p);
+  if (p) (void)cudaFreeAsync(p, impl_->stream);
+}
+void cuda_ops::reserve_staging(std::size_t upload_bytes, std::size_t download_bytes) {
+  for (auto& s : impl_->ring) impl_->fit(s, upload_bytes);
+  impl_->fit(impl_->down, download_bytes);
 }
 void cuda_ops::zero(void* p, std::size_t bytes) {
   zshard::cuda::check(cudaMemsetAsync(p, 0, bytes, impl_->stream), "cudaMemsetAsync");
@@ -210,21 +234,25 @@ double cuda_ops::gemm_flops_per_s(int n, int reps) {
 // ---- launches --------------------------------------------------------------------------------------------
 void cuda_ops::embed_forward(const std::int32_t* tokens, const half_t* wte, const half_t* wpe, float* x, int batch,
                              int seq, int d) {
-  const std::size_t n = std::size_t(batch) * seq * d;
-  index_for(n, [&](auto i) {
-    using I = decltype(i);
-    embed_forward_kernel<I><<<blocks_for(n), threads, 0, impl_->stream>>>(tokens, wte, wpe, x, I(n), I(seq), I(d));
-  });
+  const dim3 grid(unsigned((d + threads - 1) / threads), unsigned(std::clamp(seq, 1, 65535)),
+                  unsigned(std::clamp(batch, 1, 65535)));
+  embed_forward_kernel<<<grid, threads, 0, impl_->stream>>>(tokens, wte, wpe, x, batch, seq, d);
   launched("embed_forward");
 }
-void cuda_ops::embed_backward(const std::int32_t* by_row, const std::int32_t* uniq, const std::int32_t* offsets,
-                              int n_uniq, const float* dx, float* dwte, float* dwpe, int batch, int seq, int d) {
-  if (n_uniq > 0) {
-    const dim3 grid(unsigned((d + threads - 1) / threads), unsigned(std::min(n_uniq, 65535)));
-    embed_backward_tokens_kernel<<<grid, threads, 0, impl_->stream>>>(by_row, uniq, offsets, n_uniq, dx, dwte, d);
-    launched("embed_backward (tokens)");
+void cuda_ops::embed_backward(const ops::token_chunks& tc, const float* dx, float* dwte, float* dwpe, int batch, int seq,
+                              int d) {
+  const unsigned columns = unsigned((d + threads - 1) / threads);
+  if (tc.chunks > 0) {
+    embed_backward_chunks_kernel<<<dim3(columns, unsigned(std::min(tc.chunks, 65535))), threads, 0, impl_->stream>>>(
+        tc, dx, dwte, d);
+    launched("embed_backward (token chunks)");
   }
-  embed_backward_positions_kernel<<<blocks_for(std::size_t(seq) * d), threads, 0, impl_->stream>>>(dx, dwpe, batch, seq, d);
+  if (tc.multi > 0) {
+    embed_backward_multi_kernel<<<dim3(columns, unsigned(std::min(tc.multi, 65535))), threads, 0, impl_->stream>>>(tc, dwte,
+                                                                                                                d);
+    launched("embed_backward (tokens of several chunks)");
+  }
+  embed_backward_positions_kernel<<<grid_2d(seq, d), threads, 0, impl_->stream>>>(dx, dwpe, batch, seq, d);
   launched("embed_backward (positions)");
 }
 void cuda_ops::layer_norm_forward(const float* x, const half_t* gain, const half_t* bias, half_t* y, float* mean,
@@ -260,27 +288,22 @@ void cuda_ops::layer_norm_backward(const float* dy, const float* x, const float*
 void cuda_ops::layer_norm_param_grad(const float* dy, const float* x, const float* mean, const float* rstd,
                                      float* dgain, float* dbias, int rows, int d) {
   const int chunks = int(ops::column_sum_chunks(rows));
-  const dim3 grid(unsigned((d + threads - 1) / threads), unsigned(chunks));
-  column_partial_kernel<<<grid, threads, 0, impl_->stream>>>(dy, x, mean, rstd, col_scratch, rows, d, chunks);
-  column_finish_kernel<<<unsigned((d + threads - 1) / threads), threads, 0, impl_->stream>>>(col_scratch, dgain, dbias, d,
-                                                                                             chunks);
+  const unsigned columns = unsigned((d + 31) / 32);  // blocks of 32 columns x column_sum_lanes lanes
+  column_partial_kernel<<<dim3(columns, unsigned(chunks)), threads, 0, impl_->stream>>>(dy, x, mean, rstd, col_scratch,
+                                                                                       rows, d, chunks);
+  column_finish_kernel<<<columns, threads, 0, impl_->stream>>>(col_scratch, dgain, dbias, d, chunks);
   launched("layer_norm_param_grad");
 }
 void cuda_ops::bias_grad(const float* dy, float* dbias, int rows, int cols) {
   const int chunks = int(ops::column_sum_chunks(rows));
-  const dim3 grid(unsigned((cols + threads - 1) / threads), unsigned(chunks));
-  column_partial_kernel<<<grid, threads, 0, impl_->stream>>>(dy, nullptr, nullptr, nullptr, col_scratch, rows, cols,
-                                                             chunks);
-  column_finish_kernel<<<unsigned((cols + threads - 1) / threads), threads, 0, impl_->stream>>>(col_scratch, dbias,
-                                                                                                nullptr, cols, chunks);
+  const unsigned columns = unsigned((cols + 31) / 32);
+  column_partial_kernel<<<dim3(columns, unsigned(chunks)), threads, 0, impl_->stream>>>(dy, nullptr, nullptr, nullptr,
+                                                                                       col_scratch, rows, cols, chunks);
+  column_finish_kernel<<<columns, threads, 0, impl_->stream>>>(col_scratch, dbias, nullptr, cols, chunks);
   launched("bias_grad");
 }
 void cuda_ops::bias_gelu_forward(float* pre, const half_t* bias, half_t* act, int rows, int cols) {
-  const std::size_t n = std::size_t(rows) * cols;
-  index_for(n, [&](auto i) {
-    using I = decltype(i);
-    bias_gelu_forward_kernel<I><<<blocks_for(n), threads, 0, impl_->stream>>>(pre, bias, act, I(n), I(cols));
-  });
+  bias_gelu_forward_kernel<<<grid_2d(rows, cols), threads, 0, impl_->stream>>>(pre, bias, act, rows, cols);
   launched("bias_gelu_forward");
 }
 void cuda_ops::gelu_forward(const float* pre, half_t* act, std::size_t n) {
@@ -292,8 +315,7 @@ void cuda_ops::gelu_backward(const float* pre, float* d, half_t* d_half, std::si
   launched("gelu_backward");
 }
 void cuda_ops::bias_to_half(const float* x, const half_t* bias, half_t* y, int rows, int cols) {
-  const dim3 grid(unsigned((cols + threads - 1) / threads), unsigned(std::clamp(rows, 1, 65535)));
-  bias_to_half_kernel<<<grid, threads, 0, impl_->stream>>>(x, bias, y, rows, cols);
+  bias_to_half_kernel<<<grid_2d(rows, cols), threads, 0, impl_->stream>>>(x, bias, y, rows, cols);
   launched("bias_to_half");
 }
 namespace {
@@ -339,11 +361,7 @@ void cuda_ops::attention_backward(const half_t* qkv, const half_t* d_out_half, c
   launched("attention_backward (dq)");
 }
 void cuda_ops::residual_add(const float* x, const float* branch, const half_t* bias, float* out, int rows, int cols) {
-  const std::size_t n = std::size_t(rows) * cols;
-  index_for(n, [&](auto i) {
-    using I = decltype(i);
-    residual_add_kernel<I><<<blocks_for(n), threads, 0, impl_->stream>>>(x, branch, bias, out, I(n), I(cols));
-  });
+  residual_add_kernel<<<grid_2d(rows, cols), threads, 0, impl_->stream>>>(x, branch, bias, out, rows, cols);
   launched("residual_add");
 }
 void cuda_ops::to_half(const float* src, half_t* dst, std::size_t n) {
@@ -352,7 +370,8 @@ void cuda_ops::to_half(const float* src, half_t* dst, std::size_t n) {
 }
 void cuda_ops::cross_entropy(const float* logits, const std::int32_t* targets, float* row_loss, half_t* dlogits,
                              float grad_weight, int rows, int vocab) {
-  cross_entropy_kernel<<<unsigned(rows), 512, 0, impl_->stream>>>(logits, targets, row_loss, dlogits, grad_weight, vocab);
+  cross_entropy_kernel<<<unsigned(rows), ce_threads, 0, impl_->stream>>>(logits, targets, row_loss, dlogits, grad_weight,
+                                                                        vocab);
   launched("cross_entropy");
 }
 

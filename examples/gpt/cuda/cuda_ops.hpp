@@ -9,17 +9,20 @@
 // the CPU tests check), in one nvcc translation unit (cuda_ops.cu, the gpt_cuda_ops library);
 // this header is plain C++. Attention is fused: tiles in shared memory, bf16 tensor-core
 // products, the [T, T] scores never in device memory.
-// Reductions are deterministic: a row's sums go through a fixed warp/block tree, column sums
-// by fixed chunks of rows, the token embedding's gradient by distinct token in row order; no
-// atomics, so two runs give the same bits.
+// Reductions are deterministic: a row's sums go through a fixed warp/block tree (the
+// cross-entropy's one pass merges online-softmax statistics in one), column sums by fixed
+// chunks of rows and lanes, the token embedding's gradient by bounded chunks of each token's
+// rows, the attention's dk/dv and dq each by one block; no atomics, so two runs give the same bits.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
 #include "../attention_math.hpp"
 #include "../gpt_math.hpp"
+#include "../ops_contract.hpp"
 #include "zshard/core/dtype.hpp"
 
 namespace gpt::cuda {
@@ -30,8 +33,11 @@ class cuda_ops {
   float* col_scratch = nullptr;  // set by the model (ops_contract.hpp)
   static constexpr int max_head_dim = math::attention_max_head_dim;  // the attention kernels' limit
 
-  // cublas_workspace: device bytes for cuBLAS (NVIDIA recommends 32 MiB on Hopper).
-  cuda_ops(int device, cudaStream_t stream, std::size_t cublas_workspace = std::size_t{32} << 20);
+  // cublas_workspace: device bytes for cuBLAS (NVIDIA recommends 32 MiB on Hopper). timeout:
+  // how long a host wait (a download, teardown) waits for the stream before it gives up; pass
+  // the backend's cuda_backend_options::sync_timeout.
+  cuda_ops(int device, cudaStream_t stream, std::size_t cublas_workspace = std::size_t{32} << 20,
+           std::chrono::milliseconds timeout = std::chrono::minutes(5));
   ~cuda_ops();
   cuda_ops(const cuda_ops&) = delete;
   cuda_ops& operator=(const cuda_ops&) = delete;
@@ -41,10 +47,14 @@ class cuda_ops {
   // of the plan's workspace term (plan/device_overheads.hpp).
   std::size_t workspace_bytes() const noexcept;
 
-  // ---- memory (plain cudaMalloc: the model reports its arena to the engine as activations) --
+  // ---- memory (stream-ordered from the device's default pool, not the backend's: the model
+  // reports its arena to the engine as activations) ----------------------------------------------
   void* allocate(std::size_t bytes);
-  void deallocate(void* p) noexcept;
+  void deallocate(void* p) noexcept;  // in the stream's order: never waits
   void zero(void* p, std::size_t bytes);
+  // Pinned staging sized once for uploads and downloads of up to these many bytes (the model
+  // calls it at construction), so steady-state steps never allocate pinned memory.
+  void reserve_staging(std::size_t upload_bytes, std::size_t download_bytes);
   // Through pinned staging, asynchronous: ordered before everything enqueued after it.
   void upload(void* dst, const void* host_src, std::size_t bytes);
   // Waits for the stream up to the copy (polling, bounded by a timeout), then returns.
@@ -60,8 +70,7 @@ class cuda_ops {
   // ---- the rest (ops_contract.hpp) ------------------------------------------------------------
   void embed_forward(const std::int32_t* tokens, const half_t* wte, const half_t* wpe, float* x, int batch, int seq,
                      int d);
-  void embed_backward(const std::int32_t* by_row, const std::int32_t* uniq, const std::int32_t* offsets, int n_uniq,
-                      const float* dx, float* dwte, float* dwpe, int batch, int seq, int d);
+  void embed_backward(const ops::token_chunks& tc, const float* dx, float* dwte, float* dwpe, int batch, int seq, int d);
   void layer_norm_forward(const float* x, const half_t* gain, const half_t* bias, half_t* y, float* mean, float* rstd,
                           int rows, int d);
   void residual_layer_norm_forward(const float* x, const float* branch, const half_t* branch_bias, float* sum,

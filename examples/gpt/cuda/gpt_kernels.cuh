@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../attention_math.hpp"
 #include "../gpt_math.hpp"
 #include "../ops_contract.hpp"
 
@@ -32,13 +33,12 @@ inline unsigned blocks_for(std::size_t n) {
   return static_cast<unsigned>(std::clamp<std::size_t>((n + threads - 1) / threads, 1, 16384));
 }
 inline unsigned row_blocks(int rows) { return static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block); }
-
-// Calls f(I{}) with I = std::uint32_t when every flat index of n elements (plus a grid stride)
-// fits in 32 bits, else std::size_t.
-template <class F>
-void index_for(std::size_t n, F&& f) {
-  if (n + std::size_t(16384) * threads < (std::size_t(1) << 32)) f(std::uint32_t{});
-  else f(std::size_t{});
+// A 2-D grid for a [rows, cols] map: x over the columns (threads per block), y over the rows,
+// each y block walking rows by the grid's height; about 16384 blocks at most, as blocks_for.
+inline dim3 grid_2d(int rows, int cols) {
+  const unsigned x = static_cast<unsigned>((cols + threads - 1) / threads);
+  const unsigned y = static_cast<unsigned>(std::clamp<long long>(16384 / x, 1, std::clamp(rows, 1, 65535)));
+  return dim3(x, y);
 }
 
 __device__ __forceinline__ std::size_t first() { return std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; }
@@ -65,42 +65,56 @@ __device__ float block_reduce(float v, float* shared) {
   return v;
 }
 
-// ---- embedding ----------------------------------------------------------------------------------
-// Element-wise kernels take their flat index type I: 32-bit where the tensor fits (GPU integer
-// division is much cheaper in 32 bits), 64-bit otherwise (index_for below).
-template <class I>
-__global__ void embed_forward_kernel(const std::int32_t* tokens, const half_t* wte, const half_t* wpe, float* x, I n,
-                                     I seq, I d) {
-  for (I i = I(first()); i < n; i += I(stride())) {
-    const I r = i / d, j = i % d;
-    x[i] = m::load(wte[std::size_t(tokens[r]) * d + j]) + m::load(wpe[std::size_t(r % seq) * d + j]);
-  }
-}
-// dwte[tok] += the rows of tok in row order (one thread per (distinct token, column)).
-__global__ void embed_backward_tokens_kernel(const std::int32_t* by_row, const std::int32_t* uniq,
-                                             const std::int32_t* offsets, int n_uniq, const float* dx, float* dwte,
-                                             int d) {
+// ---- embedding -----------------------------------------------------------------------------------
+// x[b T + t] = wte[token] + wpe[t]: a 3-D grid (columns, positions, sequences), no division.
+__global__ void __launch_bounds__(threads) embed_forward_kernel(const std::int32_t* tokens, const half_t* wte,
+                                                                const half_t* wpe, float* x, int batch, int seq, int d) {
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= d) return;
-  for (int u = blockIdx.y; u < n_uniq; u += gridDim.y) {
-    float* out = dwte + std::size_t(uniq[u]) * d + j;
-    float acc = *out;
-    for (int i = offsets[u]; i < offsets[u + 1]; ++i) acc += dx[std::size_t(by_row[i]) * d + j];
+  for (int b = blockIdx.z; b < batch; b += gridDim.z)
+    for (int t = blockIdx.y; t < seq; t += gridDim.y) {
+      const std::size_t r = std::size_t(b) * seq + t;
+      x[r * d + j] = m::load(wte[std::size_t(tokens[r]) * d + j]) + m::load(wpe[std::size_t(t) * d + j]);
+    }
+}
+// dwte by chunks of each token's rows (ops::token_chunks): no thread walks more than
+// embed_rows_per_chunk rows, then (second kernel) more than token_chunk_slots(N) partials.
+__global__ void __launch_bounds__(threads) embed_backward_chunks_kernel(ops::token_chunks tc, const float* dx, float* dwte,
+                                                                        int d) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= d) return;
+  for (int c = blockIdx.y; c < tc.chunks; c += gridDim.y) {
+    const int slot = tc.chunk_slot[c];
+    float* out = slot < 0 ? dwte + std::size_t(tc.chunk_token[c]) * d + j : tc.partial + std::size_t(slot) * d + j;
+    float acc = slot < 0 ? *out : 0.0f;
+    for (int i = tc.chunk_begin[c]; i < tc.chunk_begin[c + 1]; ++i) acc += dx[std::size_t(tc.by_row[i]) * d + j];
     *out = acc;
   }
 }
-__global__ void embed_backward_positions_kernel(const float* dx, float* dwpe, int batch, int seq, int d) {
-  for (std::size_t i = first(); i < std::size_t(seq) * d; i += stride()) {
-    const std::size_t t = i / d, j = i % d;
-    float acc = dwpe[i];
+__global__ void __launch_bounds__(threads) embed_backward_multi_kernel(ops::token_chunks tc, float* dwte, int d) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= d) return;
+  for (int u = blockIdx.y; u < tc.multi; u += gridDim.y) {
+    float* out = dwte + std::size_t(tc.multi_token[u]) * d + j;
+    float acc = *out;
+    for (int sl = tc.multi_slot[u]; sl < tc.multi_slot[u + 1]; ++sl) acc += tc.partial[std::size_t(sl) * d + j];
+    *out = acc;
+  }
+}
+__global__ void __launch_bounds__(threads) embed_backward_positions_kernel(const float* dx, float* dwpe, int batch,
+                                                                           int seq, int d) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= d) return;
+  for (int t = blockIdx.y; t < seq; t += gridDim.y) {
+    float acc = dwpe[std::size_t(t) * d + j];
     for (int b = 0; b < batch; ++b) acc += dx[(std::size_t(b) * seq + t) * d + j];
-    dwpe[i] = acc;
+    dwpe[std::size_t(t) * d + j] = acc;
   }
 }
 
 // ---- layer norm: one warp per row ---------------------------------------------------------------
 // With `branch`: the row is first (branch + branch_bias) + x, stored to `sum` (the residual).
-__global__ void layer_norm_forward_kernel(const float* x, const float* branch, const half_t* branch_bias, float* sum,
+__global__ void __launch_bounds__(threads) layer_norm_forward_kernel(const float* x, const float* branch, const half_t* branch_bias, float* sum,
                                           const half_t* gain, const half_t* bias, half_t* y, float* mean_out,
                                           float* rstd_out, int rows, int d) {
   const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -127,7 +141,7 @@ __global__ void layer_norm_forward_kernel(const float* x, const float* branch, c
     rstd_out[row] = rstd;
   }
 }
-__global__ void layer_norm_backward_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
+__global__ void __launch_bounds__(threads) layer_norm_backward_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
                                            const half_t* gain, float* dx, int rows, int d) {
   const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -149,8 +163,14 @@ __global__ void layer_norm_backward_kernel(const float* dy, const float* x, cons
 // Rows of at most 32 x per_lane elements stay in registers: one read and one write per element
 // (the loop kernels above re-read the row per pass). Same sums in the same order: a lane adds
 // its elements j = lane, lane + 32, ... and +0.0 past the row's end, which changes no sum.
+// Registers cap their occupancy (the backward's row of 24 took 72 per thread: three blocks of
+// 256 per SM); the launch bounds ask for one block more. ptxas -v, sm_90: the backward's rows
+// of 24 and 32 then take 64 and 80 registers and spill one 4-byte value each, the forward's
+// none.
 template <int per_lane>
-__global__ void layer_norm_forward_regs_kernel(const float* x, const float* branch, const half_t* branch_bias,
+constexpr int regs_min_blocks = per_lane <= 24 ? 4 : 3;
+template <int per_lane>
+__global__ void __launch_bounds__(threads, regs_min_blocks<per_lane>) layer_norm_forward_regs_kernel(const float* x, const float* branch, const half_t* branch_bias,
                                                float* sum, const half_t* gain, const half_t* bias, half_t* y,
                                                float* mean_out, float* rstd_out, int rows, int d) {
   const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -186,7 +206,7 @@ __global__ void layer_norm_forward_regs_kernel(const float* x, const float* bran
   }
 }
 template <int per_lane>
-__global__ void layer_norm_backward_regs_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
+__global__ void __launch_bounds__(threads, regs_min_blocks<per_lane>) layer_norm_backward_regs_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
                                                 const half_t* gain, float* dx, int rows, int d) {
   const int row = blockIdx.x * warps_per_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -223,52 +243,82 @@ bool with_register_row(int n, F&& f) {
   return false;
 }
 
-// ---- column sums: chunk partials, then the chunks in order ----------------------------------------
-// layer norm's parameter gradients (two sums) when x is given, else one plain column sum of dy.
-__global__ void column_partial_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
-                                      float* partial, int rows, int cols, int chunks) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
-  if (j >= cols) return;
-  const int begin = ch * ops::column_sum_rows_per_chunk;
-  const int end = min(rows, begin + ops::column_sum_rows_per_chunk);
+// ---- column sums: chunk partials, then the chunks in order (host_ops::column_sums' order) -------
+// A block is 32 columns x column_sum_lanes lanes (256 threads): lane y of a column sums every
+// lanes-th row of the chunk from row y (coalesced: a warp reads 32 adjacent columns of a row),
+// then lane 0 adds the lanes in order. Layer norm's parameter gradients (two sums) when x is
+// given, else one plain column sum of dy.
+constexpr int column_lanes = ops::column_sum_lanes;
+static_assert(32 * column_lanes == threads, "a column-sum block is 32 columns x column_sum_lanes lanes");
+__global__ void __launch_bounds__(threads) column_partial_kernel(const float* dy, const float* x, const float* mean,
+                                                                 const float* rstd, float* partial, int rows, int cols,
+                                                                 int chunks) {
+  __shared__ float lane_a[column_lanes][33], lane_b[column_lanes][33];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, j = blockIdx.x * 32 + tx, ch = blockIdx.y;
+  const int begin = ch * ops::column_sum_rows_per_chunk, end = min(rows, begin + ops::column_sum_rows_per_chunk);
   float a = 0, b = 0;
-  for (int r = begin; r < end; ++r) {
-    const float v = dy[std::size_t(r) * cols + j];
-    if (x) {
-      a += v * m::layer_norm_xhat(x[std::size_t(r) * cols + j], mean[r], rstd[r]);
-      b += v;
-    } else {
-      a += v;
+  if (j < cols)
+    for (int r = begin + ty; r < end; r += column_lanes) {
+      const float v = dy[std::size_t(r) * cols + j];
+      if (x) {
+        a += v * m::layer_norm_xhat(x[std::size_t(r) * cols + j], mean[r], rstd[r]);
+        b += v;
+      } else {
+        a += v;
+      }
     }
+  lane_a[ty][tx] = a;
+  lane_b[ty][tx] = b;
+  __syncthreads();
+  if (ty != 0 || j >= cols) return;
+  float ta = 0, tb = 0;
+  for (int y = 0; y < column_lanes; ++y) {
+    ta += lane_a[y][tx];
+    tb += lane_b[y][tx];
   }
-  partial[std::size_t(ch) * cols + j] = a;
-  if (x) partial[std::size_t(chunks + ch) * cols + j] = b;
+  partial[std::size_t(ch) * cols + j] = ta;
+  if (x) partial[std::size_t(chunks + ch) * cols + j] = tb;
 }
-__global__ void column_finish_kernel(const float* partial, float* out0, float* out1, int cols, int chunks) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= cols) return;
+__global__ void __launch_bounds__(threads) column_finish_kernel(const float* partial, float* out0, float* out1, int cols,
+                                                                int chunks) {
+  __shared__ float lane_a[column_lanes][33], lane_b[column_lanes][33];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, j = blockIdx.x * 32 + tx;
   float a = 0, b = 0;
-  for (int ch = 0; ch < chunks; ++ch) {
-    a += partial[std::size_t(ch) * cols + j];
-    if (out1) b += partial[std::size_t(chunks + ch) * cols + j];
+  if (j < cols)
+    for (int ch = ty; ch < chunks; ch += column_lanes) {
+      a += partial[std::size_t(ch) * cols + j];
+      if (out1) b += partial[std::size_t(chunks + ch) * cols + j];
+    }
+  lane_a[ty][tx] = a;
+  lane_b[ty][tx] = b;
+  __syncthreads();
+  if (ty != 0 || j >= cols) return;
+  float ta = 0, tb = 0;
+  for (int y = 0; y < column_lanes; ++y) {
+    ta += lane_a[y][tx];
+    tb += lane_b[y][tx];
   }
-  out0[j] += a;
-  if (out1) out1[j] += b;
+  out0[j] += ta;
+  if (out1) out1[j] += tb;
 }
 
 // ---- GELU -----------------------------------------------------------------------------------------
-template <class I>
-__global__ void bias_gelu_forward_kernel(float* pre, const half_t* bias, half_t* act, I n, I cols) {
-  for (I i = I(first()); i < n; i += I(stride())) {
-    const float v = pre[i] + m::load(bias[i % cols]);
+__global__ void __launch_bounds__(threads) bias_gelu_forward_kernel(float* pre, const half_t* bias, half_t* act, int rows,
+                                                                    int cols) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const float b = m::load(bias[c]);
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    const std::size_t i = std::size_t(r) * cols + c;
+    const float v = pre[i] + b;
     pre[i] = v;
     act[i] = m::store<half_t>(m::gelu_forward(v));
   }
 }
-__global__ void gelu_forward_kernel(const float* pre, half_t* act, std::size_t n) {
+__global__ void __launch_bounds__(threads) gelu_forward_kernel(const float* pre, half_t* act, std::size_t n) {
   for (std::size_t i = first(); i < n; i += stride()) act[i] = m::store<half_t>(m::gelu_forward(pre[i]));
 }
-__global__ void gelu_backward_kernel(const float* pre, float* d, half_t* d_half, std::size_t n) {
+__global__ void __launch_bounds__(threads) gelu_backward_kernel(const float* pre, float* d, half_t* d_half, std::size_t n) {
   for (std::size_t i = first(); i < n; i += stride()) {
     const float g = m::gelu_backward(pre[i], d[i]);
     d[i] = g;
@@ -278,7 +328,7 @@ __global__ void gelu_backward_kernel(const float* pre, float* d, half_t* d_half,
 
 // ---- bias + cast: [rows, cols] f32 + bias -> half (the attention's qkv input) ------------------------
 // A 2-D grid (columns by blocks of threads, rows by blocks): no index division per element.
-__global__ void bias_to_half_kernel(const float* x, const half_t* bias, half_t* y, int rows, int cols) {
+__global__ void __launch_bounds__(threads) bias_to_half_kernel(const float* x, const half_t* bias, half_t* y, int rows, int cols) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   const float b = m::load(bias[c]);
@@ -289,34 +339,59 @@ __global__ void bias_to_half_kernel(const float* x, const half_t* bias, half_t* 
 }
 
 // ---- residual, casts, loss ----------------------------------------------------------------------------
-template <class I>
-__global__ void residual_add_kernel(const float* x, const float* branch, const half_t* bias, float* out, I n, I cols) {
-  for (I i = I(first()); i < n; i += I(stride())) out[i] = (branch[i] + m::load(bias[i % cols])) + x[i];
+__global__ void __launch_bounds__(threads) residual_add_kernel(const float* x, const float* branch, const half_t* bias,
+                                                               float* out, int rows, int cols) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const float b = m::load(bias[c]);
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    const std::size_t i = std::size_t(r) * cols + c;
+    out[i] = (branch[i] + b) + x[i];
+  }
 }
-__global__ void to_half_kernel(const float* src, half_t* dst, std::size_t n) {
+__global__ void __launch_bounds__(threads) to_half_kernel(const float* src, half_t* dst, std::size_t n) {
   for (std::size_t i = first(); i < n; i += stride()) dst[i] = m::store<half_t>(src[i]);
 }
-// One block per row of logits.
-__global__ void cross_entropy_kernel(const float* logits, const std::int32_t* targets, float* row_loss,
-                                     half_t* dlogits, float w, int vocab) {
-  __shared__ float shared[32];
+// One block per row of logits: one pass for the row's softmax statistics (each thread its own
+// online_softmax over every blockDim-th logit, four per 16-byte load where the row allows,
+// then a fixed xor-shuffle tree of online_softmax_merge), one for the gradient; the loss
+// alone reads the row once.
+constexpr int ce_threads = 512;
+__device__ __forceinline__ m::online_softmax merge_across(m::online_softmax st, int offset) {
+  const m::online_softmax other{__shfl_xor_sync(full_mask, st.max, offset), __shfl_xor_sync(full_mask, st.sum, offset)};
+  return m::online_softmax_merge(st, other);
+}
+__global__ void __launch_bounds__(ce_threads) cross_entropy_kernel(const float* logits, const std::int32_t* targets,
+                                                                   float* row_loss, half_t* dlogits, float w, int vocab) {
+  __shared__ float part_max[32], part_sum[32];
   const std::size_t row = blockIdx.x;
   const float* l = logits + row * vocab;
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, l[j]);
-  mx = block_reduce<true>(mx, shared);
-  float sum = 0;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(l[j] - mx);
-  sum = block_reduce<false>(sum, shared);
+  const bool vec = vocab % 4 == 0;  // rows then start 16-byte aligned (the logits buffer is)
+  m::online_softmax st;
+  if (vec) {
+    for (int j = 4 * threadIdx.x; j < vocab; j += 4 * ce_threads) {
+      const float4 v = *reinterpret_cast<const float4*>(l + j);
+      m::online_softmax_push(st, v.x), m::online_softmax_push(st, v.y);
+      m::online_softmax_push(st, v.z), m::online_softmax_push(st, v.w);
+    }
+  } else {
+    for (int j = threadIdx.x; j < vocab; j += ce_threads) m::online_softmax_push(st, l[j]);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) st = merge_across(st, o);
+  if (lane == 0) part_max[warp] = st.max, part_sum[warp] = st.sum;
+  __syncthreads();
+  st = lane < ce_threads / 32 ? m::online_softmax{part_max[lane], part_sum[lane]} : m::online_softmax{};
+  for (int o = 16; o > 0; o >>= 1) st = merge_across(st, o);  // every warp the same: the block's total
   const int target = targets[row];
-  if (threadIdx.x == 0) row_loss[row] = m::cross_entropy_loss(sum, mx, l[target]);
+  if (threadIdx.x == 0) row_loss[row] = m::cross_entropy_loss(st.sum, st.max, l[target]);
   if (!dlogits) return;
   half_t* g = dlogits + row * vocab;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x)
-    g[j] = m::store<half_t>(m::cross_entropy_grad(l[j], mx, sum, w, j == target));
+  for (int j = threadIdx.x; j < vocab; j += ce_threads)
+    g[j] = m::store<half_t>(m::cross_entropy_grad(l[j], st.max, st.sum, w, j == target));
 }
 
-__global__ void fill_pattern_kernel(half_t* x, std::size_t n) {
+__global__ void __launch_bounds__(threads) fill_pattern_kernel(half_t* x, std::size_t n) {
   for (std::size_t i = first(); i < n; i += stride())
     x[i] = m::store<half_t>(float(int((i * 2654435761u) % 2001u) - 1000) * 1e-3f);
 }

@@ -5,7 +5,8 @@
 // kernel), with what a step costs in time and in device memory:
 //   ledger peak      the backend's memory ledger (activations included: the model reports its arena)
 //   pool reserved    what the stream-ordered pool holds (high-water mark over the step); the
-//                    arena is plain cudaMalloc, so pool / (ledger - activations) is the pool's overhead
+//                    arena comes from the device's default pool, not the backend's, so pool / (ledger -
+//                    activations) is the pool's overhead
 //   device used      cudaMemGetInfo's used bytes above `baseline_used` (what the device used
 //                    before: nvidia-smi before the process, or this process's state before the run)
 //   plan             plan::plan_memory over the schedule recorded from the same runner, with
@@ -69,7 +70,7 @@ void train_with_engine(std::span<const int> devices, const gpu_run_options& o, c
         const int rank = comm.rank();
         zshard::cuda_backend backend({.device = comm.device()});
         const auto stream = backend.make_stream();
-        cuda_ops ops(comm.device(), stream.handle());
+        cuda_ops ops(comm.device(), stream.handle(), std::size_t{32} << 20, backend.options().sync_timeout);
         ops_gpt<cuda_ops> net(ops, model.config, o.batch, seq, o.checkpoint);
         using engine_t = zshard::engine<zshard::cuda_backend, zshard::nccl_comm, gpu_policies>;
         engine_t eng(backend, comm, model.spec, cfg);
@@ -117,7 +118,7 @@ void train_plain(int device, const gpu_run_options& o, const corpus& data, const
                  const zshard::engine_config& cfg, std::size_t baseline_used, OnStep&& on_step) {
   zshard::cuda_backend backend({.device = device});
   const auto stream = backend.make_stream();
-  cuda_ops ops(device, stream.handle());
+  cuda_ops ops(device, stream.handle(), std::size_t{32} << 20, backend.options().sync_timeout);
   ops_gpt<cuda_ops> net(ops, model.config, o.batch, model.config.seq_len, o.checkpoint);
   backend.ledger().charge(zshard::mem_category::activations, net.arena_bytes());  // as the engine run reports it
   plain_trainer<zshard::cuda_backend, cuda_ops> trainer(backend, model, o.seed, net, cfg.adamw, cfg.clip_norm, stream);
