@@ -5,7 +5,8 @@
 # process per GPU, when Open MPI is there), the two examples (the toy engine, and the GPT:
 # small, then GPT-2 small), PyTorch's run of the same GPT (bench/gpu/torch_reference.py, eager
 # and torch.compile) when `import torch` works, then the bench, which prints its tables and key
-# figures, the PyTorch ratios from this run's reference only. The whole script fits in one
+# figures, the PyTorch ratios from this run's reference only; and compute-sanitizer's memcheck
+# on the GPT example and racecheck on the fused attention. The whole script fits in one
 # device command of 540 s (a session has 15 minutes of device time): every stage has a time
 # budget, printed before it runs, and is cut short to what is left of the total.
 #
@@ -14,13 +15,14 @@
 # Exit status: 0 when every stage ran and passed. When nvidia-smi sees a GPU, a stage that does
 # not run (a program that finds no CUDA device and exits 77, a missing doctest header, a stage
 # cut at its budget) fails the script loudly; the summary's last lines name each such stage.
-# Optional, reported but never failing: NCCL over MPI (needs Open MPI) and the PyTorch
-# reference (needs torch; torch.compile only when it compiles within its budget).
+# Optional, reported but never failing: NCCL over MPI (needs Open MPI), the PyTorch reference
+# (needs torch; torch.compile only when it compiles within its budget) and racecheck cut at its
+# budget (racecheck that finds a hazard fails).
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), BUILD_DIR (default build/gpu), OUT or
 # RESULTS_DIR (the results folder: every log is written there as it is produced, so a run cut
 # short still leaves what it had; default: BUILD_DIR; figures.txt collects the key figures),
-# ZSHARD_GPU_BUDGET_S (total, default 500), ZSHARD_GPU_BUILD_S (the build's cap, default 180:
+# ZSHARD_GPU_BUDGET_S (total, default 520), ZSHARD_GPU_BUILD_S (the build's cap, default 180:
 # nvcc on a many-core GPU machine takes ~60-90 s), PYTHON (default python3: the interpreter
 # with torch).
 # Needs nvcc, cuBLAS (CUDA's), NCCL (CUDA's own, the system's, or the nvidia-nccl-cu* Python
@@ -39,7 +41,7 @@ nvcc=$cuda/bin/nvcc
 out=${BUILD_DIR:-build/gpu}
 results=${OUT:-${RESULTS_DIR:-$out}}
 mkdir -p "$out" "$results"
-total=${ZSHARD_GPU_BUDGET_S:-500}
+total=${ZSHARD_GPU_BUDGET_S:-520}
 python=${PYTHON:-python3}
 t0=$SECONDS
 summary="$results/run_summary.log"
@@ -66,7 +68,7 @@ run_stage() {
   return "${PIPESTATUS[0]}"
 }
 
-say "plan: build <= ${ZSHARD_GPU_BUILD_S:-180} s, test_cuda <= 150 s, hang test <= 40 s, examples <= 25 + 30 + 45 s, bench kernels+engine <= 120 s, PyTorch eager <= 60 s and torch.compile <= 120 s, bench gpt and nccl+overlap <= the rest (total ${total} s)"
+say "plan: build <= ${ZSHARD_GPU_BUILD_S:-180} s, test_cuda <= 150 s, hang test <= 40 s, examples <= 25 + 30 s, compute-sanitizer memcheck <= 60 s and racecheck <= 45 s, GPT-2 small <= 45 s, bench kernels+engine <= 90 s, PyTorch eager <= 60 s and torch.compile <= 120 s, bench gpt and nccl+overlap <= the rest (total ${total} s; each stage cut to what is left after the later ones' reserve)"
 gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | head -1)
 nvcc_version=$("$nvcc" --version 2>/dev/null | tail -1)
 say "$(date -u +%Y-%m-%dT%H:%MZ) GPU: ${gpu:-none visible to nvidia-smi}; nvcc: ${nvcc_version:-not found at $nvcc}"
@@ -110,7 +112,7 @@ cap=$(echo "$gpu" | awk -F', ' '{print $2}' | tr -d '.')
 flags=(-std=c++20 -O3 "${arch[@]}" -Xcompiler=-Wall,-Wextra,-Wno-missing-field-initializers -diag-suppress=554
   -Iinclude "-I$nccl_inc")
 libs=("$nccl_lib" "-Xlinker=-rpath,$(dirname "$nccl_lib")" "-L$cuda/lib64" -lcublas)
-build_secs=$(budget "${ZSHARD_GPU_BUILD_S:-180}" 200)
+build_secs=$(budget "${ZSHARD_GPU_BUILD_S:-180}" 300)
 say "stage build: budget ${build_secs} s: objects in parallel (the GPT kernels once), then links"
 compile() {  # compile <source> <object> [extra flags...]; the log goes straight to the results folder
   local src=$1 obj=$2
@@ -167,11 +169,11 @@ verdict() {
 # ---- tests ------------------------------------------------------------------------------------
 tests="not run (no doctest header: bash bench/gpu/prepare_deps.sh, then carry .gpu_deps)"
 if [[ -n $doctest_inc ]]; then
-  run_stage test_cuda "$(budget 150 200)" "$out/test_cuda" --test-case-exclude='hang*'
+  run_stage test_cuda "$(budget 150 280)" "$out/test_cuda" --test-case-exclude='hang*'
   rc_main=$?
   verdict test_cuda $rc_main
   if ((have_gpu)); then
-    run_stage test_cuda_hang "$(budget 40 170)" "$out/test_cuda" --test-case='hang*'
+    run_stage test_cuda_hang "$(budget 40 260)" "$out/test_cuda" --test-case='hang*'
     rc_hang=$?
     verdict test_cuda_hang $rc_hang
   else
@@ -193,10 +195,10 @@ if ((have_gpu)) && command -v mpicxx >/dev/null && command -v mpirun >/dev/null;
     mpi_flags+=(--oversubscribe)
     [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
   fi
-  if timeout "$(budget 60 160)" mpicxx -std=c++20 -O2 -Iinclude "-I$cuda/include" "-I$nccl_inc" \
+  if timeout "$(budget 60 240)" mpicxx -std=c++20 -O2 -Iinclude "-I$cuda/include" "-I$nccl_inc" \
        tests/gpu/test_nccl_mpi.cpp -o "$out/test_nccl_mpi" "-L$cuda/lib64" -lcudart "$nccl_lib" \
        "-Wl,-rpath,$(dirname "$nccl_lib")" >"$results/build_test_nccl_mpi.log" 2>&1; then
-    run_stage test_nccl_mpi "$(budget 40 150)" mpirun -n "$((ngpu > 0 ? ngpu : 1))" "${mpi_flags[@]}" \
+    run_stage test_nccl_mpi "$(budget 40 230)" mpirun -n "$((ngpu > 0 ? ngpu : 1))" "${mpi_flags[@]}" \
       "$out/test_nccl_mpi"
     rc=$?
     verdict test_nccl_mpi $rc
@@ -215,34 +217,52 @@ say "NCCL over MPI (test_nccl_mpi): $nccl_mpi"
 # ---- examples, PyTorch and the bench: GPU only -----------------------------------------------------
 torch_refs=()
 if ((have_gpu)); then
-  run_stage example "$(budget 25 140)" "$out/03_gpu_engine" 10
+  run_stage example "$(budget 25 220)" "$out/03_gpu_engine" 10
   rc=$?
   verdict 03_gpu_engine $rc
   say "example 03_gpu_engine rc=$rc"
   # 'used' counts from what the GPU used before the process (its CUDA context included)
   used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1 | tr -d ' '; }
   base=$(used_mib)
-  run_stage gpt_small "$(budget 30 120)" "$out/05_train_gpt_gpu" --steps 100 --log-every 20 ${base:+--baseline-used-mib "$base"}
+  run_stage gpt_small "$(budget 30 200)" "$out/05_train_gpt_gpu" --steps 100 --log-every 20 ${base:+--baseline-used-mib "$base"}
   rc_small=$?
   verdict "05_train_gpt_gpu (small)" $rc_small
+  # compute-sanitizer: memcheck on the GPT example (a small model, sequences of 96: a full and a
+  # partial attention tile), racecheck on the fused attention's shared memory through its
+  # kernel test (optional: the slowest tool, not to fail the run by its budget alone).
+  sanitizer=$cuda/bin/compute-sanitizer
+  if [[ -x $sanitizer ]]; then
+    run_stage memcheck_gpt "$(budget 60 170)" "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 \
+      "$out/05_train_gpt_gpu" --steps 2 --log-every 1 --seq 96 --eval-every 1
+    verdict "compute-sanitizer memcheck (05_train_gpt_gpu)" $?
+    if [[ -n $doctest_inc ]]; then
+      run_stage racecheck_attention "$(budget 45 140)" "$sanitizer" --tool racecheck --error-exitcode 9 \
+        "$out/test_cuda" --test-case='*fused attention*'
+      rc=$?
+      if ((rc == 124 || rc == 137)); then not_run+=("racecheck of the fused attention: cut at its budget (optional)")
+      else verdict "compute-sanitizer racecheck (fused attention)" $rc; fi
+    fi
+  else
+    failed+=("compute-sanitizer memcheck (05_train_gpt_gpu): $sanitizer not found")
+  fi
   base=$(used_mib)
-  run_stage gpt2_small "$(budget 45 90)" "$out/05_train_gpt_gpu" --gpt2-small --steps 30 --log-every 5 \
+  run_stage gpt2_small "$(budget 45 110)" "$out/05_train_gpt_gpu" --gpt2-small --steps 30 --log-every 5 \
     ${base:+--baseline-used-mib "$base"}
   rc_gpt2=$?
   verdict "05_train_gpt_gpu (GPT-2 small)" $rc_gpt2
   say "example 05_train_gpt_gpu rc=$rc_small (small), rc=$rc_gpt2 (GPT-2 small)"
   # Separate runs, each with its own figures, so a run cut at its budget loses only its own.
-  run_stage bench_engine "$(budget 120 150)" "$out/bench_gpu" $quick --stages kernels,engine
+  run_stage bench_engine "$(budget 90 100)" "$out/bench_gpu" $quick --stages kernels,engine
   rc=$?
   verdict "bench_gpu (kernels, engine)" $rc
   # PyTorch's run of the bench's GPT (same shape and batch, this GPU), eager then torch.compile.
   if timeout 60 "$python" -c "import torch" >"$results/torch_import.log" 2>&1; then
     shape=(--vocab 50304 --seq 1024 --d-model 768 --heads 12 --layers 12 --d-ff 3072 --batch 8)
-    run_stage torch_eager "$(budget 60 110)" "$python" bench/gpu/torch_reference.py --mode eager "${shape[@]}"
+    run_stage torch_eager "$(budget 60 70)" "$python" bench/gpu/torch_reference.py --mode eager "${shape[@]}"
     rc=$?
     verdict "PyTorch eager reference" $rc
     ((rc == 0)) && torch_refs+=(--torch-ref "$results/torch_eager.log")
-    run_stage torch_compile "$(budget 120 60)" "$python" bench/gpu/torch_reference.py --mode compile "${shape[@]}"
+    run_stage torch_compile "$(budget 120 70)" "$python" bench/gpu/torch_reference.py --mode compile "${shape[@]}"
     rc=$?
     if ((rc == 0)); then
       torch_refs+=(--torch-ref "$results/torch_compile.log")
@@ -270,11 +290,11 @@ fi
 {
   echo "# $(date -u +%Y-%m-%dT%H:%MZ) ${gpu:-no GPU}; nvcc ${nvcc_version:-?}; NCCL ${nccl_version:-?}"
   echo "# tests: $tests; NCCL over MPI: $nccl_mpi"
-  for f in gpt_small gpt2_small bench_engine torch_eager torch_compile bench_gpt bench_comm; do
+  for f in gpt_small memcheck_gpt racecheck_attention gpt2_small bench_engine torch_eager torch_compile bench_gpt bench_comm; do
     [[ -f $results/$f.log ]] || continue
     echo "## $f"
     grep -E '^[a-z_0-9]+: [-0-9.]+' "$results/$f.log" || true
-    grep -E '^# no ' "$results/$f.log" || true
+    grep -E '^# no |ERROR SUMMARY|RACECHECK SUMMARY' "$results/$f.log" || true
   done
 } >"$results/figures.txt"
 say "figures: $results/figures.txt"
