@@ -316,6 +316,28 @@ TEST_CASE("batched AdamW and sums of squares equal the single-tensor kernels bit
   }
 }
 
+TEST_CASE("fill_zero_batch zeroes exactly each range, aligned or not, across launches") {
+  zshard::cuda_backend b;
+  auto s = b.make_stream();
+  using arr = gpu_test::device_array<unsigned char>;
+  const std::size_t sizes[] = {0, 1, 15, 16, 17, 4096 + 3, 1'000'003};
+  std::vector<arr> bufs;
+  std::vector<void*> at;
+  std::vector<std::size_t> bytes;
+  for (int i = 0; i < 30; ++i) {  // more than one launch's worth (multi_tensor_max)
+    const std::size_t n = sizes[std::size_t(i) % 7], offset = std::size_t(i % 3);  // 16-byte aligned or not
+    bufs.emplace_back(b, std::vector<unsigned char>(n + 8, 0xab), offset);
+    at.push_back(bufs.back().ptr + 4);  // 4 sentinel bytes on either side
+    bytes.push_back(n);
+  }
+  b.fill_zero_batch(at, bytes, s);
+  for (std::size_t i = 0; i < bufs.size(); ++i) {
+    INFO("buffer " << i << ", " << bytes[i] << " bytes");
+    const auto h = bufs[i].to_host(b);
+    for (std::size_t k = 0; k < h.size(); ++k) REQUIRE(int(h[k]) == (k >= 4 && k < 4 + bytes[i] ? 0 : 0xab));
+  }
+}
+
 // ---- the backend's contract ---------------------------------------------------------------------
 TEST_CASE("cuda_backend: the ledger is charged before allocating and released after freeing, as on the host") {
   zshard::cuda_backend b({.budget_bytes = 1 << 20});

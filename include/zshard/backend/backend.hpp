@@ -114,6 +114,11 @@ concept batched_adamw = requires(B& b, std::span<const adamw_task> t, typename B
 template <class B>
 concept batched_sum_squares = requires(B& b, std::span<const float* const> x, std::span<const std::size_t> n,
                                        double* out, typename B::stream& s) { b.sum_squares_batch(x, n, out, s); };
+// fill_zero_batch(p, bytes, s): as fill_zero(p[i], bytes[i], s) for every i, in few launches (the
+// engine zeroes a backward scope's new gradient buffers with one call).
+template <class B>
+concept batched_fill_zero = requires(B& b, std::span<void* const> p, std::span<const std::size_t> n,
+                                     typename B::stream& s) { b.fill_zero_batch(p, n, s); };
 
 // Fails with a readable message naming the part of the contract a backend misses.
 template <class B>

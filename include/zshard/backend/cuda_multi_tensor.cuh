@@ -1,6 +1,6 @@
 #pragma once
-// Multi-tensor kernels of the CUDA backend: AdamW and the sum of squares over many tensors in
-// one launch (up to multi_tensor_max of them, their descriptors passed by value as the kernel's
+// Multi-tensor kernels of the CUDA backend: AdamW, the sum of squares and zeroing over many
+// tensors in one launch (up to multi_tensor_max of them, their descriptors passed by value as the kernel's
 // parameters). A step of a 124M-parameter model has about 150 parameter shards; one launch per
 // shard, plus a memset and a reduction's allocation, query and copy each, kept the host busier
 // than the GPU for milliseconds per step (issue 24).
@@ -121,7 +121,50 @@ __global__ void adamw_batch_kernel(adamw_args a) {
   adamw_range(t.s, t.master, t.m, t.v, t.grad, t.n, static_cast<W*>(t.out), t.vectorised, a.zero_grad, first, stride);
 }
 
+// Zeroes tensors of bytes[t] bytes: 16-byte stores where the tensor is 16-byte aligned, single
+// bytes for the rest.
+struct zero_args {
+  void* p[multi_tensor_max];
+  std::size_t bytes[multi_tensor_max];
+  unsigned first_block[multi_tensor_max + 1];
+  int count;
+};
+__global__ void zero_batch_kernel(zero_args a) {
+  const unsigned b = blockIdx.x;
+  const int t = tensor_of(a.first_block, a.count, b);
+  auto* p = static_cast<unsigned char*>(a.p[t]);
+  const std::size_t n = a.bytes[t];
+  const std::size_t first = std::size_t(b - a.first_block[t]) * blockDim.x + threadIdx.x;
+  const std::size_t stride = std::size_t(a.first_block[t + 1] - a.first_block[t]) * blockDim.x;
+  std::size_t done = 0;
+  if (reinterpret_cast<std::uintptr_t>(p) % 16 == 0) {
+    const std::size_t quads = n / 16;
+    for (std::size_t q = first; q < quads; q += stride) reinterpret_cast<uint4*>(p)[q] = make_uint4(0, 0, 0, 0);
+    done = quads * 16;
+  }
+  for (std::size_t i = done + first; i < n; i += stride) p[i] = 0;
+}
+
 }  // namespace kernels
+
+// Zeroes every p[i][0, bytes[i]), one launch per multi_tensor_max tensors (a backward scope's
+// gradient buffers: one launch instead of a memset each).
+inline cudaError_t zero_batch(std::span<void* const> p, std::span<const std::size_t> bytes, cudaStream_t stream) {
+  for (std::size_t at = 0; at < p.size(); at += kernels::multi_tensor_max) {
+    kernels::zero_args a{};
+    for (std::size_t i = at; i < std::min(p.size(), at + kernels::multi_tensor_max); ++i) {
+      if (bytes[i] == 0) continue;
+      a.p[a.count] = p[i];
+      a.bytes[a.count] = bytes[i];
+      a.first_block[a.count + 1] = a.first_block[a.count] + kernels::blocks_of(bytes[i] / 16 + 1);
+      ++a.count;
+    }
+    if (a.count == 0) continue;
+    kernels::zero_batch_kernel<<<a.first_block[a.count], kernels::block_threads, 0, stream>>>(a);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
 
 // out[i] = sum of squares of x[i][0, n[i]) in f64 (device memory), for every i; `partial`
 // (device memory, sum_squares_partials(n) doubles) holds the blocks' shares. Enqueued on

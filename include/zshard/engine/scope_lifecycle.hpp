@@ -1,8 +1,11 @@
 #pragma once
 // Opening, closing and abandoning the engine's module scopes (gathers, gradient buffers, rollback).
+#include <array>
 #include <exception>
+#include <span>
 #include <string>
 
+#include "zshard/backend/backend.hpp"
 #include "zshard/core/buffer.hpp"
 #include "zshard/core/error.hpp"
 #include "zshard/engine/engine_checks.hpp"
@@ -108,18 +111,37 @@ class scope_lifecycle {
   }
 
  private:
+  // The scope's new gradient buffers, zeroed on compute: with one launch per two dozen where the
+  // backend batches (batched_fill_zero), else a fill_zero each.
   static void make_full_grads(Engine& e, module_id m) {
     auto& compute = e.store_.streams().on(stream_role::compute);
     const auto& params = e.spec_.modules()[m].params;  // m checked by enter
     if (e.made_grads_.size() < params.size()) e.made_grads_.resize(params.size());
+    constexpr std::size_t batch = 24;
+    std::array<void*, batch> zero_at{};
+    std::array<std::size_t, batch> zero_bytes{};
+    std::size_t pending = 0;
+    const auto flush = [&] {
+      if constexpr (batched_fill_zero<backend_type>)
+        e.backend_.fill_zero_batch(std::span<void* const>(zero_at.data(), pending),
+                                   std::span<const std::size_t>(zero_bytes.data(), pending), compute);
+      pending = 0;
+    };
     for (param_id p : params) {
       auto& s = e.store_[p];
       if (!e.ctl_.trainable[p] || s.full_grad) continue;
       s.full_grad =
           buffer<backend_type>(e.backend_, dtype::f32, s.layout.padded_numel, mem_category::grad_buckets, compute);
       e.made_grads_[e.made_count_++] = p;
-      e.backend_.fill_zero(s.full_grad.data(), s.full_grad.bytes(), compute);
+      if constexpr (batched_fill_zero<backend_type>) {
+        zero_at[pending] = s.full_grad.data();
+        zero_bytes[pending++] = s.full_grad.bytes();
+        if (pending == batch) flush();
+      } else {
+        e.backend_.fill_zero(s.full_grad.data(), s.full_grad.bytes(), compute);
+      }
     }
+    if (pending) flush();
   }
 
   // Rolls back a scope whose open failed; the policies that can take back what they were told
