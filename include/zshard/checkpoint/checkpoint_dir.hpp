@@ -21,12 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "zshard/checkpoint/directory_handle.hpp"
 #include "zshard/checkpoint/file_io.hpp"
+#include "zshard/checkpoint/manifest.hpp"
 
 namespace zshard::checkpoint {
 
 inline constexpr const char* latest_file = "latest";
-inline constexpr const char* manifest_file_name = "manifest.json";
 
 struct checkpoint_name {
   std::int64_t step = 0;
@@ -102,26 +103,40 @@ inline void set_latest(const std::string& dir, const std::string& name, const io
   sync_directory(dir, hook);
 }
 
-// The checkpoint `path` names: a checkpoint directory itself (it has a manifest), or a
-// directory of checkpoints whose `latest` names one.
-inline std::string resolve_checkpoint(const std::string& path, const io_hook* hook = nullptr) {
-  namespace fs = std::filesystem;
-  if (fs::exists(path + "/" + manifest_file_name)) return path;
-  if (fs::exists(path + "/" + latest_file)) {
-    std::string name = read_small_file(path + "/" + latest_file, 4096, hook);
+// The checkpoint `path` names, open: a checkpoint directory itself (it has a manifest), or a
+// directory of checkpoints whose `latest` names one. `path` is the caller's (links in it are
+// followed); inside it nothing is: `latest` must be a regular file naming a step-* directory
+// that is not a symbolic link, and every file of the checkpoint is then opened relative to the
+// returned handle, without following links or blocking (directory_handle.hpp).
+inline directory_handle open_checkpoint(const std::string& path, const io_hook* hook = nullptr) {
+  directory_handle top;
+  try {
+    top = directory_handle::open(path, false);
+  } catch (const error& e) {
+    throw error(error_kind::io, "no checkpoint at '" + path + "': " + e.message(),
+                "name a directory that a save wrote to, or one of its step-* directories");
+  }
+  if (top.holds(manifest_file_name)) return top;
+  if (top.holds(latest_file)) {
+    std::string name = top.read_small(latest_file, 4096, hook);
     while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
     checkpoint_name n;
     if (!parse_checkpoint_name(name, n))
       throw error(error_kind::io, "'" + path + "/latest' does not name a checkpoint ('" + name + "')",
                   "point it at an existing step-* directory, or load that directory directly");
-    const std::string full = path + "/" + name;
-    if (!fs::exists(full + "/" + manifest_file_name))
+    directory_handle step = top.subdirectory(name);
+    if (!step.holds(manifest_file_name))
       throw error(error_kind::io, "'" + path + "/latest' names '" + name + "', which has no manifest.json",
                   "load one of the step-* directories directly");
-    return full;
+    return step;
   }
   throw error(error_kind::io, "no checkpoint at '" + path + "' (neither manifest.json nor latest there)",
               "name a directory that a save wrote to, or one of its step-* directories");
+}
+
+// The path of the checkpoint `path` names (open_checkpoint).
+inline std::string resolve_checkpoint(const std::string& path, const io_hook* hook = nullptr) {
+  return open_checkpoint(path, hook).path();
 }
 
 // Keeps the newest `keep` complete checkpoints and the one `latest` names; removes the rest,

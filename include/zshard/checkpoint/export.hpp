@@ -225,9 +225,8 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
 inline void export_checkpoint(const std::string& checkpoint, const std::string& out, const export_options& o = {}) {
   check_export_options(o);
   const io_hook* hook = o.hook ? &o.hook : nullptr;
-  const std::string dir = resolve_checkpoint(checkpoint, hook);
-  const std::string mpath = dir + "/" + manifest_file_name;
-  const manifest m = manifest::parse(read_small_file(mpath, std::size_t{64} << 20, hook), mpath);
+  const directory_handle dir = open_checkpoint(checkpoint, hook);  // its files opened relative to it
+  const manifest m = manifest::read(dir, manifest_budget::any_model(), hook);
   std::vector<std::unique_ptr<safetensors_file>> files;
   // The chunk, no larger than the largest tensor needs (from f32, the widest source): a small
   // model's export does not take the whole chunk_bytes.
@@ -241,11 +240,12 @@ inline void export_checkpoint(const std::string& checkpoint, const std::string& 
   buffer<offload::host_memory> chunk(mem, dtype::f32, static_cast<std::size_t>((chunk_bytes + 3) / 4), mem_category::scratch);
   for (int q = 0; q < m.world_size; ++q) {
     const auto& mf = m.files[static_cast<std::size_t>(q)];
-    files.push_back(std::make_unique<safetensors_file>(dir + "/" + mf.name, hook));
-    if (files.back()->size() != mf.bytes)
-      throw error(error_kind::io, "'" + files.back()->path() + "' has " + std::to_string(files.back()->size()) +
+    file_handle fh = dir.open_file(mf.name, hook);
+    if (fh.size() != mf.bytes)  // before its header is read
+      throw error(error_kind::io, "'" + fh.path() + "' has " + std::to_string(fh.size()) +
                                       " bytes, the manifest says " + std::to_string(mf.bytes) +
                                       " (truncated or replaced)");
+    files.push_back(std::make_unique<safetensors_file>(std::move(fh)));
     verify_file(*files.back(), mf);
   }
   std::error_code ec;

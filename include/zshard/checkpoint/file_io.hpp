@@ -45,8 +45,45 @@ class file_handle {
                writing ? "check that the directory exists, is writable and has free space"
                        : "check the path; a checkpoint needs every file its manifest lists");
   }
+  // For reading: a regular file, opened without blocking (a FIFO or a device in its place is
+  // refused, never waited on); `path` as the caller names it (links followed).
   static file_handle read_only(const std::string& path, const io_hook* hook = nullptr) {
-    return file_handle(path, O_RDONLY, 0, hook);
+    return open_regular(AT_FDCWD, path, path, true, hook);
+  }
+  // For reading: `name` inside the directory open as `dir_fd`, shown as `shown` in messages (and
+  // to the hook). A regular file, opened without blocking; with follow_links false, a symbolic
+  // link in its place is refused (O_NOFOLLOW: no name read from a file leads out of the directory).
+  static file_handle open_regular(int dir_fd, const std::string& name, const std::string& shown, bool follow_links,
+                                  const io_hook* hook = nullptr) {
+    file_handle f;
+    f.path_ = shown;
+    f.hook_ = hook;
+    int err = injected_errno(hook, {io_call::open, shown});
+    const int flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC | (follow_links ? 0 : O_NOFOLLOW);
+    if (!err) {
+      do f.fd_ = ::openat(dir_fd, name.c_str(), flags);
+      while (f.fd_ < 0 && errno == EINTR);
+      if (f.fd_ < 0) err = errno;
+    }
+    struct stat st {};
+    if (err == ELOOP && !follow_links && ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISLNK(st.st_mode))
+      throw error(error_kind::io, "'" + shown + "' is a symbolic link, which is not followed",
+                  "a checkpoint's files are read only from inside its directory: copy the file there instead of "
+                  "linking it");
+    if (err)
+      throw_io("cannot open", shown, err, "check the path; a checkpoint needs every file its manifest lists");
+    if (::fstat(f.fd_, &st) != 0) throw_io("cannot stat", shown, errno);
+    if (!S_ISREG(st.st_mode))
+      throw error(error_kind::io, "'" + shown + "' is " + file_type_name(st.st_mode) + ", not a regular file",
+                  "the path must name a file written to disk; nothing else is read (a FIFO would block the read)");
+    const int fl = ::fcntl(f.fd_, F_GETFL);  // reads of a regular file never block: the flag goes
+    if (fl < 0 || ::fcntl(f.fd_, F_SETFL, fl & ~O_NONBLOCK) != 0) throw_io("cannot set flags of", shown, errno);
+    return f;
+  }
+  static const char* file_type_name(mode_t m) noexcept {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
+           : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : S_ISLNK(m) ? "a symbolic link" : "not a file";
   }
   static file_handle create(const std::string& path, const io_hook* hook = nullptr) {
     return file_handle(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, hook);
@@ -192,18 +229,23 @@ inline void rename_path(const std::string& from, const std::string& to, const io
   if (err) throw_io("cannot rename '" + from + "' to", to, err);
 }
 
-// A whole small file (manifests, pointers).
-inline std::string read_small_file(const std::string& path, std::size_t limit = std::size_t{64} << 20,
-                                   const io_hook* hook = nullptr) {
-  file_handle f = file_handle::read_only(path, hook);
+// All of the open file f, refused before anything is allocated or read when it is larger
+// than `limit`.
+inline std::string read_whole(const file_handle& f, std::size_t limit) {
   const std::uint64_t n = f.size();
   if (n > limit)
-    throw error(error_kind::io, "'" + path + "' has " + std::to_string(n) + " bytes, more than the " +
+    throw error(error_kind::io, "'" + f.path() + "' has " + std::to_string(n) + " bytes, more than the " +
                                     std::to_string(limit) + " a file of its kind may have",
                 "the file is not what its name says; check the path");
   std::string s(static_cast<std::size_t>(n), '\0');
   if (n) f.read_at(0, s.data(), s.size());
   return s;
+}
+
+// A whole small file (manifests, pointers).
+inline std::string read_small_file(const std::string& path, std::size_t limit = std::size_t{64} << 20,
+                                   const io_hook* hook = nullptr) {
+  return read_whole(file_handle::read_only(path, hook), limit);
 }
 
 // Writes `text` to path (fsynced). Not atomic by itself: write to a temporary name and rename.

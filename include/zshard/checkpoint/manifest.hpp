@@ -38,6 +38,8 @@
 #include <vector>
 
 #include "zshard/checkpoint/crc32c.hpp"
+#include "zshard/checkpoint/directory_handle.hpp"
+#include "zshard/checkpoint/json_budget.hpp"
 #include "zshard/checkpoint/safetensors_format.hpp"
 #include "zshard/model/model_spec.hpp"
 #include "zshard/partition/shard_layout.hpp"
@@ -87,6 +89,7 @@ inline std::string rank_file_name(int q) {
   std::snprintf(buf, sizeof buf, "rank-%05d.safetensors", q);
   return buf;
 }
+inline constexpr const char* manifest_file_name = "manifest.json";
 inline constexpr const char* user_state_file = "user_state.bin";
 
 // The manifest's own checksum: the file ends with `"manifest_crc32c": N\n}\n`, N the CRC32C of
@@ -126,6 +129,43 @@ inline void check_manifest_seal(const std::string& text, const nlohmann::json& j
   throw error(error_kind::io, "'" + path + "' fails its checksum" + std::string(buf) + ": the manifest is damaged",
               "restore manifest.json from a copy, or load an earlier checkpoint");
 }
+
+// The most rank files a manifest may list (the world size, or the shard group's under hybrid
+// sharding, of the saving job): what bounds its "files" array.
+inline constexpr std::uint64_t manifest_max_ranks = std::uint64_t{1} << 16;
+
+// What a manifest may be, in bytes and in JSON values (json_budget.hpp), given the parameters
+// the loading model has: refused beyond it before it is read (bytes) and before a DOM is built
+// (values, depth). The format's deepest value is a parameter's shape (object, "params" array,
+// parameter object, "shape" array: 4 levels); a parameter takes at most 32 values (its object,
+// 10 keys, their values, 4 dimensions, its update count) and ~640 bytes plus its name as JSON
+// escapes it (6 bytes a character at most), a rank file 8 values and ~160 bytes. Up to twice the
+// model's parameters (plus 64) are allowed, so that a checkpoint of a somewhat different model
+// still loads far enough to list every difference.
+struct manifest_budget {
+  std::uint64_t max_bytes = std::uint64_t{64} << 20;
+  json_budget json{4, 0};
+
+  static manifest_budget for_params(std::uint64_t params, std::uint64_t longest_name) {
+    manifest_budget b;
+    const std::uint64_t max_params = 2 * params + 64;
+    b.max_bytes = 4096 + max_params * (640 + 6 * longest_name) + manifest_max_ranks * 160;
+    b.json = {4, 64 + 32 * max_params + 8 * manifest_max_ranks};
+    return b;
+  }
+  static manifest_budget for_model(const model_spec& spec) {
+    std::uint64_t longest = 0;
+    for (const auto& p : spec.params()) longest = std::max<std::uint64_t>(longest, p.name.size());
+    return for_params(spec.params().size(), longest);
+  }
+  // No model to compare with (an export from a checkpoint on disk): up to 131,072 parameters
+  // with names of any length, in at most 64 MiB.
+  static manifest_budget any_model() {
+    manifest_budget b = for_params(std::uint64_t{1} << 16, 0);
+    b.max_bytes = std::uint64_t{64} << 20;
+    return b;
+  }
+};
 
 inline std::optional<dtype> parse_dtype(const std::string& s) {
   if (s == "f32") return dtype::f32;
@@ -205,13 +245,31 @@ struct manifest {
     return out;
   }
 
-  // Parses and checks every field's presence and type; `path` names the file in errors.
-  static manifest parse(const std::string& text, const std::string& path) {
+  static error invalid(const std::string& path, const std::string& what) {
+    return error(error_kind::io, "'" + path + "' is not a valid zshard checkpoint manifest: " + what,
+                 "the checkpoint is damaged or was not written by zshard; load an earlier one");
+  }
+  static std::string too_large(std::uint64_t bytes, const manifest_budget& budget) {
+    return "it has " + std::to_string(bytes) + " bytes, more than the " + std::to_string(budget.max_bytes) +
+           " a manifest of this model can have";
+  }
+
+  // manifest.json of checkpoint directory `dir` (checkpoint_dir.hpp: open_checkpoint), refused
+  // beyond `budget` before it is read.
+  static manifest read(const directory_handle& dir, const manifest_budget& budget, const io_hook* hook = nullptr) {
+    const file_handle f = dir.open_file(manifest_file_name, hook);
+    if (f.size() > budget.max_bytes) throw invalid(f.path(), too_large(f.size(), budget));
+    return parse(read_whole(f, static_cast<std::size_t>(budget.max_bytes)), f.path(), budget);
+  }
+
+  // Parses and checks every field's presence and type; `path` names the file in errors. Text
+  // beyond `budget` is refused before it is parsed into anything.
+  static manifest parse(const std::string& text, const std::string& path,
+                        const manifest_budget& budget = manifest_budget::any_model()) {
     using nlohmann::json;
-    auto bad = [&](const std::string& what) -> error {
-      return error(error_kind::io, "'" + path + "' is not a valid zshard checkpoint manifest: " + what,
-                   "the checkpoint is damaged or was not written by zshard; load an earlier one");
-    };
+    auto bad = [&](const std::string& what) -> error { return invalid(path, what); };
+    if (text.size() > budget.max_bytes) throw bad(too_large(text.size(), budget));
+    if (const auto excess = json_within(text, budget.json)) throw bad(excess.describe(budget.json));
     json j = json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
     const bool sealed = j.contains(manifest_checksum_key);
@@ -273,7 +331,12 @@ struct manifest {
         throw bad(std::to_string(m.files.size()) + " rank files listed for world size " + std::to_string(m.world_size));
       for (int q = 0; q < m.world_size; ++q)
         if (m.files[static_cast<std::size_t>(q)].name != rank_file_name(q)) throw bad("rank file names out of order");
-      if (j.contains("user_state")) m.user_state = file_of(j.at("user_state"));
+      if (j.contains("user_state")) {
+        m.user_state = file_of(j.at("user_state"));
+        if (m.user_state->name != user_state_file)  // the one name a save writes: nothing outside the directory
+          throw bad("the user state is named '" + m.user_state->name + "', not '" + user_state_file +
+                    "' (the only name a save writes)");
+      }
       if (version >= 2) m.update_counts = parse_update_counts(j, m, bad);
       return m;
     } catch (const json::exception& e) {

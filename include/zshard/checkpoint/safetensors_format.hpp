@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "zshard/checkpoint/json_budget.hpp"
 #include "zshard/core/dtype.hpp"
 #include "zshard/core/error.hpp"
 
@@ -129,6 +130,10 @@ inline safetensors_header parse_header(const std::string& json_text, std::uint64
   if (h.data_start > file_size) bad_file(file, "the header runs past the end of the file");
   if (json_text.empty() || json_text[0] != '{')
     bad_file(file, "the header (" + std::to_string(json_text.size()) + " bytes from byte 8) does not start with '{'");
+  // The format nests 3 levels deep (header, tensor, shape): deeper text is refused before a DOM
+  // of it is built (json_budget.hpp; a DOM of nested arrays costs ~75 times their text).
+  const json_budget depth_only{3, std::numeric_limits<std::uint64_t>::max()};
+  if (const auto excess = json_within(json_text, depth_only)) bad_file(file, excess.describe(depth_only, "the header"));
   json j = json::parse(json_text, nullptr, false);
   if (j.is_discarded()) bad_file(file, "the header is not valid JSON");
   if (!j.is_object()) bad_file(file, "the header is not a JSON object");

@@ -3,7 +3,10 @@
 // on open (safetensors_format.hpp) and then reads any element range of any tensor with pread,
 // so a rank reads its own shard of a parameter and nothing else. A safetensors_source is one
 // file or the set of files a Hugging Face `*.safetensors.index.json` names ("weight_map":
-// tensor name -> file, relative to the index), looked up by tensor name.
+// tensor name -> file, relative to the index), looked up by tensor name. An index names files
+// next to it and nowhere else (a name with '/' or "..": refused before anything is opened);
+// every file must be a regular one, opened without blocking (a FIFO is refused, not waited on);
+// links are followed (the Hugging Face cache keeps a snapshot's files as links into blobs/).
 //
 // Nothing here allocates data buffers: callers read into their own chunk (bounded, counted in
 // a ledger; see host_staging.hpp).
@@ -16,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "zshard/checkpoint/directory_handle.hpp"
 #include "zshard/checkpoint/file_io.hpp"
 #include "zshard/checkpoint/safetensors_format.hpp"
 
@@ -25,7 +29,11 @@ class safetensors_file {
  public:
   // `hook` (may be null; tests) sees every read of the file and must outlive it.
   explicit safetensors_file(const std::string& path, const io_hook* hook = nullptr)
-      : file_(file_handle::read_only(path, hook)) {
+      : safetensors_file(file_handle::read_only(path, hook)) {}
+  // An open file (a regular one: file_handle::read_only, directory_handle::open_file), whose
+  // size the caller may have checked against what it expects before anything is read.
+  explicit safetensors_file(file_handle f) : file_(std::move(f)) {
+    const std::string& path = file_.path();
     size_ = file_.size();
     if (size_ < 8)
       detail::bad_file(path, "it has " + std::to_string(size_) + " bytes, fewer than the 8-byte header length");
@@ -105,22 +113,32 @@ class safetensors_source {
     if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw error(error_kind::io, "'" + path + "' is not a safetensors index: no \"weight_map\" object",
                   "name a .safetensors file, or the model's *.safetensors.index.json");
-    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
     std::map<std::string, std::vector<std::string>> by_file;  // file -> tensors the index puts there
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it.value().is_string())
         throw error(error_kind::io, "'" + path + "': weight_map entry '" + it.key() + "' is not a file name");
-      by_file[it.value().get<std::string>()].push_back(it.key());
+      const std::string file = it.value().get<std::string>();
+      if (!is_plain_name(file))  // before anything is opened: the index names files next to it, nowhere else
+        throw error(error_kind::io,
+                    "'" + path + "': weight_map puts tensor '" + it.key() + "' in '" + file +
+                        "', which is not a file name in the index's directory (no '/', not '..')",
+                    "an index names the files next to it; fix the index");
+      by_file[file].push_back(it.key());
     }
-    for (const auto& [file, names] : by_file) {
-      const std::string full = (dir / file).string();
-      add_file(full, &names);
-    }
+    // The files next to the index, opened relative to its directory; links are followed (the
+    // Hugging Face cache keeps each file of a snapshot as a link into its blobs/).
+    const std::string parent = std::filesystem::path(path).parent_path().string();
+    const directory_handle dir = directory_handle::open(parent.empty() ? "." : parent, true);
+    for (const auto& [file, names] : by_file) add_file(dir.open_file(file), &names);
   }
 
   // `expected`: the tensors an index says the file holds; each must be there.
   void add_file(const std::string& path, const std::vector<std::string>* expected) {
-    files_.push_back(std::make_unique<safetensors_file>(path));
+    add_file(file_handle::read_only(path), expected);
+  }
+  void add_file(file_handle fh, const std::vector<std::string>* expected) {
+    const std::string path = fh.path();
+    files_.push_back(std::make_unique<safetensors_file>(std::move(fh)));
     const safetensors_file& f = *files_.back();
     for (const auto& t : f.header().tensors) {
       if (expected && std::find(expected->begin(), expected->end(), t.name) == expected->end()) continue;

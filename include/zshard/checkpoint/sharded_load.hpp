@@ -3,6 +3,12 @@
 // and layout (resharding: element g of a parameter is read from the file of the rank that
 // owned g at save time, whatever this rank owns now).
 //
+// Nothing outside the checkpoint, nothing that blocks: the checkpoint directory is held open and
+// every file opened relative to it by a name a save writes, never through a symbolic link, non-
+// blocking, a regular file whose size matches the manifest before anything of it is read
+// (checkpoint_dir.hpp: open_checkpoint; directory_handle.hpp); the manifest is bounded by what a
+// manifest of this engine's model can hold (manifest.hpp: manifest_budget) before it is parsed.
+//
 // Validate, then change: each rank checks the manifest against its engine (every missing,
 // unexpected or mismatched parameter, in one error; the run counters and per-parameter update
 // counts), opens every file it will read (header, size, tensors, shapes and dtypes) and checks
@@ -117,10 +123,13 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
   // into host memory of the same dtypes reads straight into the engine and allocates nothing.
   lazy_host_staging<typename Engine::backend_type> chunk(eng.backend(), o.chunk_bytes);
 
+  directory_handle dir;  // every file of the checkpoint is opened relative to it (directory_handle.hpp)
+
   agree(eng, what, [&] {
-    out.path = resolve_checkpoint(path, hook);
+    dir = open_checkpoint(path, hook);
+    out.path = dir.path();
     const std::string mpath = out.path + "/" + manifest_file_name;
-    m = manifest::parse(read_small_file(mpath, std::size_t{64} << 20, hook), mpath);
+    m = manifest::read(dir, manifest_budget::for_model(eng.spec()), hook);
     const auto diff = compare_models(m, eng.spec(), eng.config().param_dtype);
     if (!diff.empty()) {
       std::string msg =
@@ -141,12 +150,13 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
       auto& f = files[q];
       if (!f) {
         const auto& mf = m.files[static_cast<std::size_t>(q)];
-        f = std::make_unique<safetensors_file>(out.path + "/" + mf.name, hook);
-        if (f->size() != mf.bytes)
+        file_handle fh = dir.open_file(mf.name, hook);
+        if (fh.size() != mf.bytes)  // before its header is read
           throw error(error_kind::io,
-                      "'" + f->path() + "' has " + std::to_string(f->size()) + " bytes, the manifest says " +
+                      "'" + fh.path() + "' has " + std::to_string(fh.size()) + " bytes, the manifest says " +
                           std::to_string(mf.bytes) + " (truncated or replaced)",
                       "restore the file, or load an earlier checkpoint");
+        f = std::make_unique<safetensors_file>(std::move(fh));
       }
       return *f;
     };
@@ -202,11 +212,15 @@ loaded_checkpoint load(Engine& eng, const std::string& path, const load_options&
     if (o.verify_checksums && !o.verify_before_loading)
       for (int q = rank; q < m.world_size; q += world) open(q);  // read below, all of it, to verify it
     if (m.user_state) {
-      const std::string upath = out.path + "/" + m.user_state->name;
-      out.user_state = read_small_file(upath, std::size_t{1} << 30, hook);
-      if (out.user_state.size() != m.user_state->bytes ||
-          crc32c_of(out.user_state.data(), out.user_state.size()) != m.user_state->crc32c)
-        throw error(error_kind::io, "'" + upath + "' does not match the size or checksum in the manifest",
+      const file_handle uf = dir.open_file(m.user_state->name, hook);
+      if (uf.size() != m.user_state->bytes)  // before anything is allocated or read
+        throw error(error_kind::io,
+                    "'" + uf.path() + "' has " + std::to_string(uf.size()) + " bytes, the manifest says " +
+                        std::to_string(m.user_state->bytes) + " (truncated or replaced)",
+                    "restore the file, or load an earlier checkpoint");
+      out.user_state = read_whole(uf, std::size_t{1} << 30);
+      if (crc32c_of(out.user_state.data(), out.user_state.size()) != m.user_state->crc32c)
+        throw error(error_kind::io, "'" + uf.path() + "' does not match the checksum in the manifest",
                     "restore the file, or load an earlier checkpoint");
     }
   });
