@@ -1,6 +1,9 @@
 #pragma once
 // save(engine, dir): a sharded checkpoint, collective (every rank calls it, between steps).
 //
+//  0. The ranks agree on every setting the checkpoint records (the step, the loss scaler's state,
+//     each parameter group's learning rate, each parameter's flags: recorded_settings.hpp), or
+//     every rank fails naming each setting and the ranks that differ, before anything is written.
 //  1. Rank 0 creates DIR, removes leftovers of crashed saves, picks the checkpoint's name and
 //     creates its temporary directory; one small collective tells every rank the name, or the
 //     error (an unwritable directory fails here, on every rank, before anyone writes).
@@ -32,6 +35,7 @@
 #include "zshard/checkpoint/host_staging.hpp"
 #include "zshard/checkpoint/manifest.hpp"
 #include "zshard/checkpoint/rank_writes.hpp"
+#include "zshard/checkpoint/recorded_settings.hpp"
 #include "zshard/checkpoint/safetensors_writer.hpp"
 
 namespace zshard::checkpoint {
@@ -142,6 +146,8 @@ saved_checkpoint save(Engine& eng, const std::string& dir, const save_options& o
   const bool writes = replica_of(eng) == 0;
   const std::string what = "checkpoint save to '" + dir + "'";
   const io_hook* hook = o.hook ? &o.hook : nullptr;
+  // 0. what the checkpoint records (rank 0's) is every rank's, or nothing is written
+  check_recorded_settings(eng, what);
   manifest m = describe_engine(eng);
 
   // 1. rank 0 prepares; everyone learns the name or the error
