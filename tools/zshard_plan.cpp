@@ -26,6 +26,7 @@
 #include "zshard/plan/schedule_file.hpp"
 #include "zshard/prefetch/on_demand.hpp"
 #include "../bench/seed_scenario.hpp"
+#include "zshard_fit.hpp"
 
 using namespace zshard;
 using namespace zshard::plan;
@@ -80,6 +81,8 @@ write_schedule_file; the file's settings are the defaults, options below overrid
                         train_micro_batch_size_per_gpu); options given here override it
   --simulate            also run the engine on the phantom backend and print the run's
                         peaks beside the plan
+  --fit                 search for the fastest configuration that fits a machine instead
+                        (zshard_plan --fit --help)
   --help                this text
 
 Counts take integers or scientific notation (5e8). Exit status: 0 done, 1 the engine would
@@ -439,6 +442,7 @@ int run(const options& o) { return o.schedule_path ? run_file(o) : run_llama(o);
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
+  if (zshard_tools::wants_fit(args)) return zshard_tools::run_fit(args);  // tools/zshard_fit.cpp
   for (const auto& a : args)
     if (a == "--help" || a == "-h") {
       std::cout << usage_text;

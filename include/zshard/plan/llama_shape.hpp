@@ -156,7 +156,19 @@ struct activation_options {
   bool checkpoint = true;        // activation checkpointing per block
   dtype activation_type = dtype::bf16;
   int micro_batches = 1;  // per optimizer step (gradient accumulation)
+  // With checkpointing on, block l is checkpointed when l % checkpoint_every == 0 (1: every
+  // block; 2: every other block, the rest keep their activations and are not recomputed).
+  int checkpoint_every = 1;
+
+  bool checkpointed(int block) const noexcept { return checkpoint && block % checkpoint_every == 0; }
 };
+
+inline void check_activation_options(const activation_options& o) {
+  ZSHARD_REQUIRE(o.micro_batch >= 1 && o.seq_len >= 1, error_kind::config,
+                 "micro-batch and sequence length must be positive");
+  ZSHARD_REQUIRE(o.checkpoint_every >= 1, error_kind::config,
+                 "checkpoint_every must be at least 1 (every block), got " + std::to_string(o.checkpoint_every));
+}
 
 // Activation bytes of one layer for its backward: 17·s·b·h·e (34·s·b·h in 16-bit; see above).
 inline std::size_t layer_activation_bytes(const transformer_shape& shape, const activation_options& o) {
@@ -166,16 +178,16 @@ inline std::size_t layer_activation_bytes(const transformer_shape& shape, const 
 
 // The schedule of a step with the activation model above.
 inline step_schedule transformer_schedule(const transformer_model& m, const activation_options& o) {
-  ZSHARD_REQUIRE(o.micro_batch >= 1 && o.seq_len >= 1, error_kind::config,
-                 "micro-batch and sequence length must be positive");
+  check_activation_options(o);
   const std::size_t tokens = std::size_t(o.seq_len) * std::size_t(o.micro_batch);
   const std::size_t hidden_act = tokens * std::size_t(m.shape.hidden) * size_of(o.activation_type);
   const std::size_t layer = layer_activation_bytes(m.shape, o);
   step_schedule s;
   s.micro_batches = o.micro_batches;
   s.modules.push_back({m.embed, tokens * 4, 0, false});
-  for (module_id b : m.blocks) {
-    if (o.checkpoint)
+  for (std::size_t l = 0; l < m.blocks.size(); ++l) {
+    const module_id b = m.blocks[l];
+    if (o.checkpointed(int(l)))
       s.modules.push_back({b, hidden_act, layer - hidden_act, true});
     else
       s.modules.push_back({b, layer, 0, false});
@@ -188,16 +200,16 @@ inline step_schedule transformer_schedule(const transformer_model& m, const acti
 // segment of its nine modules, checkpointed as a whole (recomputed together before its
 // backward, as DeepSpeed's activation checkpointing does per block).
 inline step_program transformer_hook_program(const transformer_model& m, const activation_options& o) {
-  ZSHARD_REQUIRE(o.micro_batch >= 1 && o.seq_len >= 1, error_kind::config,
-                 "micro-batch and sequence length must be positive");
+  check_activation_options(o);
   ZSHARD_REQUIRE(!m.block_parts.empty(), error_kind::config,
                  "transformer_hook_program needs a model from build_transformer_hooks");
   const std::size_t tokens = std::size_t(o.seq_len) * std::size_t(o.micro_batch);
   const std::size_t hidden_act = tokens * std::size_t(m.shape.hidden) * size_of(o.activation_type);
   const std::size_t layer = layer_activation_bytes(m.shape, o);
   std::vector<segment> segs{{{m.embed}, tokens * 4, 0, false, std::nullopt}};
-  for (const auto& parts : m.block_parts) {
-    if (o.checkpoint)
+  for (std::size_t l = 0; l < m.block_parts.size(); ++l) {
+    const auto& parts = m.block_parts[l];
+    if (o.checkpointed(int(l)))
       segs.push_back({parts, hidden_act, layer - hidden_act, true, std::nullopt});
     else
       segs.push_back({parts, layer, 0, false, std::nullopt});
