@@ -9,8 +9,8 @@
 //   host_adam_gelems     zshard's AdamW kernel (the widest vector path) over 1M elements, per rank
 //   intra_node_gbps      thread_comm all_gather of 1 MiB blocks: bytes each rank sends per second
 //   latency_us           thread_comm all_gather of one element: the time per collective
-// Every figure is the median of its rank threads' (a thread preempted by another process
-// slows itself, not the figure). bench/fit_calibration measures with this and compares the
+// Each figure is a median: of one call's time over repeated calls, then over the rank threads
+// (a call or a thread that another process preempted moves it little). bench/fit_calibration measures with this and compares the
 // time model with the main job's measured steps.
 #include <algorithm>
 #include <chrono>
@@ -50,7 +50,22 @@ inline double gpt_forward_flops_per_token(const gpt::gpt_config& c) {
   return c.n_layers * (2 * (3 * d * d + d * d + 2 * d * f) + 2 * t * d) + 2 * d * v;
 }
 
-// The example's linear layers at `rows` tokens: forward and both backward products, timed.
+// Runs `once` repeatedly for about `budget_s` (at least 5 times) and returns the median time of
+// one run: a run that another process preempted does not move it.
+template <class F>
+double median_seconds(double budget_s, F&& once) {
+  once();  // warm: allocations, caches
+  std::vector<double> t;
+  const auto start = clock::now();
+  while (t.size() < 5 || seconds_since(start) < budget_s) {
+    const auto t0 = clock::now();
+    once();
+    t.push_back(seconds_since(t0));
+  }
+  return median(std::move(t));
+}
+
+// The example's linear layers at `rows` tokens: forward and both backward products.
 inline double gemm_gflops(const gpt::gpt_config& c, int rows, double budget_s) {
   const std::pair<int, int> shapes[] = {
       {c.d_model, 3 * c.d_model}, {c.d_model, c.d_model}, {c.d_model, c.d_ff}, {c.d_ff, c.d_model}, {c.d_model, c.vocab}};
@@ -63,20 +78,12 @@ inline double gemm_gflops(const gpt::gpt_config& c, int rows, double budget_s) {
     dys.push_back(gpt::mat<float>::Random(rows, out));
     flops += 3.0 * 2.0 * double(rows) * in * out;
   }
-  auto once = [&] {
-    for (std::size_t k = 0; k < xs.size(); ++k) {
-      gpt::layers::linear_forward<float>(xs[k], ws[k].data(), nullptr, ws[k].cols(), ys[k]);
-      gpt::layers::linear_backward<float>(xs[k], dys[k], ws[k].data(), dws[k].data(), nullptr, dxs[k]);
-    }
-  };
-  once();
-  int reps = 0;
-  const auto t0 = clock::now();
-  do {
-    once();
-    ++reps;
-  } while (seconds_since(t0) < budget_s);
-  return flops * reps / seconds_since(t0) / 1e9;
+  return flops / median_seconds(budget_s, [&] {
+           for (std::size_t k = 0; k < xs.size(); ++k) {
+             gpt::layers::linear_forward<float>(xs[k], ws[k].data(), nullptr, ws[k].cols(), ys[k]);
+             gpt::layers::linear_backward<float>(xs[k], dys[k], ws[k].data(), dws[k].data(), nullptr, dxs[k]);
+           }
+         }) / 1e9;
 }
 
 inline double model_gflops(const gpt::gpt_config& c, int batch, double budget_s) {
@@ -84,35 +91,24 @@ inline double model_gflops(const gpt::gpt_config& c, int batch, double budget_s)
   gpt::model_workspace<float> ws;
   const gpt::corpus data = gpt::corpus::synthetic(1234, c.vocab);
   const gpt::batch b = data.get_rows(0, 0, batch, c.seq_len);
-  auto once = [&] {
-    m.zero_grad();
-    (void)gpt::forward_backward(m, b.tokens, b.targets, b.batch_size, b.seq_len, ws);
-  };
-  once();
-  int reps = 0;
-  const auto t0 = clock::now();
-  do {
-    once();
-    ++reps;
-  } while (seconds_since(t0) < budget_s);
   const double flops = 3.0 * gpt_forward_flops_per_token(c) * double(batch) * c.seq_len;
-  return flops * reps / seconds_since(t0) / 1e9;
+  return flops / median_seconds(budget_s, [&] {
+           m.zero_grad();
+           (void)gpt::forward_backward(m, b.tokens, b.targets, b.batch_size, b.seq_len, ws);
+         }) / 1e9;
 }
 
 inline double adam_gelems(double budget_s) {
   const std::size_t n = std::size_t{1} << 20;
   std::vector<float> master(n, 0.1f), mom(n, 0.0f), var(n, 0.0f), grad(n, 0.01f);
-  zshard::optim::adamw_config cfg;
+  const zshard::optim::adamw_config cfg;
   const auto path = zshard::optim::best_path();
-  int reps = 0;
-  const auto t0 = clock::now();
-  do {
-    const auto s = zshard::optim::make_adamw_step(cfg, reps + 1, 1.0f, true);
-    zshard::optim::adamw_update_on(path, s, master.data(), mom.data(), var.data(), grad.data(), n, nullptr,
-                                   zshard::dtype::f32);
-    ++reps;
-  } while (seconds_since(t0) < budget_s);
-  return double(n) * reps / seconds_since(t0) / 1e9;
+  int step = 0;
+  return double(n) / median_seconds(budget_s, [&] {
+           const auto s = zshard::optim::make_adamw_step(cfg, ++step, 1.0f, true);
+           zshard::optim::adamw_update_on(path, s, master.data(), mom.data(), var.data(), grad.data(), n, nullptr,
+                                          zshard::dtype::f32);
+         }) / 1e9;
 }
 
 }  // namespace calibration_detail
@@ -133,16 +129,21 @@ inline host_measurement measure_host(int ranks, const gpt::gpt_config& c, int ba
     // collectives: one element (latency), then 1 MiB blocks (bandwidth)
     std::vector<float> src(std::size_t{1} << 18, 1.0f), dst(src.size() * std::size_t(ranks));
     double l = 0, b = 0;
-    if (ranks > 1) {
-      const int small = 200, large = 20;
-      auto t0 = cd::clock::now();
-      for (int i = 0; i < small; ++i) comm.all_gather(src.data(), dst.data(), 1, zshard::dtype::f32);
-      l = cd::seconds_since(t0) / small;
+    if (ranks > 1) {  // every rank runs the same number of collectives: the loops stay in step
+      std::vector<double> small(200), large(20);
+      for (auto& t : small) {
+        const auto t0 = cd::clock::now();
+        comm.all_gather(src.data(), dst.data(), 1, zshard::dtype::f32);
+        t = cd::seconds_since(t0);
+      }
       comm.barrier();
-      t0 = cd::clock::now();
-      for (int i = 0; i < large; ++i) comm.all_gather(src.data(), dst.data(), src.size(), zshard::dtype::f32);
-      const double per = cd::seconds_since(t0) / large;
-      b = double(src.size() * sizeof(float)) * (ranks - 1) / std::max(per - l, 1e-9) / 1e9;
+      for (auto& t : large) {
+        const auto t0 = cd::clock::now();
+        comm.all_gather(src.data(), dst.data(), src.size(), zshard::dtype::f32);
+        t = cd::seconds_since(t0);
+      }
+      l = cd::median(small);
+      b = double(src.size() * sizeof(float)) * (ranks - 1) / std::max(cd::median(large) - l, 1e-9) / 1e9;
     }
     std::lock_guard lock(mu);
     gemm.push_back(g);
