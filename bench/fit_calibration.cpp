@@ -4,10 +4,12 @@
 // accumulation, checkpointing, the optimizer on the device or in host_adam), and each measured
 // step time is set beside the time model's prediction for the same candidate, planned by the
 // same planner, with the host backend's rates measured in the same run by the code behind
-// zshard_plan --fit --gpu host --calibrate-host (tools/fit_host_calibration.hpp), once per rank
-// count, just before that rank count's configurations (ranks share this machine's cores: the
-// rates are measured with as many threads at once).
+// zshard_plan --fit --gpu host --calibrate-host (tools/fit_host_calibration.hpp) right before and
+// right after each configuration's run, with as many threads at once as it has ranks (ranks
+// share this machine's cores; its load drifts), the mean of the two.
 //
+// The machine is shared: other processes' load moves both sides, which is why the rates are
+// measured right before and after each configuration; the header prints the load average.
 // Prints the rates, a table (measured and predicted ms per step, the error, the predicted
 // terms), then the key figures last: fit_rank_correlation (Spearman's rank correlation of
 // predicted and measured step times; target >= 0.9) and fit_time_error_median (the median of
@@ -21,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "../tools/fit_gpt_example.hpp"
@@ -157,27 +160,36 @@ int main(int argc, char** argv) {
       {3, 8, 1, true, fit_optimizer::host},    {4, 2, 1, false, fit_optimizer::device},
       {4, 8, 1, true, fit_optimizer::device},  {4, 4, 2, false, fit_optimizer::host},
   };
-  std::printf("the main job's model (%zu parameters) on the host backend, f32; %d warm-up + %d measured steps%s\n",
-              model.param_count(), warmup, steps, quick ? " (--quick)" : "");
+  double load = 0;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = 0;
+    std::fclose(f);
+  }
+  std::printf("the main job's model (%zu parameters) on the host backend, f32; %d warm-up + %d measured steps%s; "
+              "%u hardware threads, load average %.2f\n",
+              model.param_count(), warmup, steps, quick ? " (--quick)" : "", std::thread::hardware_concurrency(), load);
   std::printf("\n%5s %9s %-5s %-7s %10s %10s %7s  %9s %9s %9s %9s %9s\n", "ranks", "mb x acc", "ckpt", "optim",
               "meas ms", "pred ms", "error", "compute", "recomp", "gather", "reduce", "optim");
   std::vector<double> measured, predicted, errors;
   int calibrated_for = 0;
   gpu_rates rates;
   for (const run_config& rc : configs) {
-    {  // the rates for this rank count, measured right before its run (the machine's load drifts)
-      const zshard_tools::host_measurement h = zshard_tools::measure_host(rc.ranks, c, 8, quick ? 0.1 : 0.25);
-      rates = zshard_tools::host_rates(h, *gpu_kind_named("host"));
-      if (rc.ranks != calibrated_for)
-        std::printf("-- %d rank thread(s): GEMM %.2f GFLOP/s, the main job's step %.2f GFLOP/s (efficiency %.2f), AdamW "
-                  "%.3f G/s, all_gather %.2f GB/s, %.1f us per collective\n",
-                  rc.ranks, h.gemm_gflops, h.model_gflops, rates.compute_efficiency, h.adam_gelems, h.comm_gbps,
-                  h.latency_us);
-      calibrated_for = rc.ranks;
-    }
+    // the rates for this rank count, measured right before and right after its run (the
+    // machine's load drifts; the mean of the two is what the prediction uses)
+    const double budget = quick ? 0.1 : 0.25;
+    const zshard_tools::host_measurement before = zshard_tools::measure_host(rc.ranks, c, 8, budget);
     const double m = rc.optimizer == fit_optimizer::device
                          ? measure_step<zshard::default_policies>(data, c, rc, warmup, steps)
                          : measure_step<host_adam_policies>(data, c, rc, warmup, steps);
+    const zshard_tools::host_measurement h =
+        zshard_tools::mean_of(before, zshard_tools::measure_host(rc.ranks, c, 8, budget));
+    rates = zshard_tools::host_rates(h, *gpu_kind_named("host"));
+    if (rc.ranks != calibrated_for)
+      std::printf("-- %d rank thread(s): GEMM %.2f GFLOP/s, the main job's step %.2f GFLOP/s (efficiency %.2f), AdamW "
+                  "%.3f G/s, all_gather %.2f GB/s, %.1f us per collective\n",
+                  rc.ranks, h.gemm_gflops, h.model_gflops, rates.compute_efficiency, h.adam_gelems, h.comm_gbps,
+                  h.latency_us);
+    calibrated_for = rc.ranks;
     const step_time_terms t = predict(model, rc, rates);
     const double err = std::abs(t.total - m) / m;
     measured.push_back(m);

@@ -17,6 +17,7 @@
 
 #include "gpt/gpt_model.hpp"
 #include "gpt/zshard_spec.hpp"
+#include "zshard/plan/fit_candidate.hpp"
 #include "zshard/plan/fit_model.hpp"
 #include "zshard/plan/step_schedule.hpp"
 
@@ -49,6 +50,8 @@ inline zshard::plan::fit_model gpt_fit_model(const gpt::gpt_config& c, std::uint
   m.blocks = c.n_layers;
   m.main_job = true;
   m.checkpoint_choices = {0, 1};  // the runner checkpoints every block or none
+  // 02_train_gpt keeps offload::on_device (on the host backend the device's memory is the host's)
+  m.optimizer_choices = {int(zshard::plan::fit_optimizer::device)};
   const double d = c.d_model, f = c.d_ff, t = c.seq_len, v = c.vocab;
   m.forward_flops_per_token.assign(zm->spec.modules().size(), 0.0);
   for (auto b : zm->blocks) m.forward_flops_per_token[b] = 2 * (3 * d * d + d * d + 2 * d * f) + 2 * t * d;

@@ -9,8 +9,9 @@
 //   host_adam_gelems     zshard's AdamW kernel (the widest vector path) over 1M elements, per rank
 //   intra_node_gbps      thread_comm all_gather of 1 MiB blocks: bytes each rank sends per second
 //   latency_us           thread_comm all_gather of one element: the time per collective
-// Each figure is a median: of one call's time over repeated calls, then over the rank threads
-// (a call or a thread that another process preempted moves it little). bench/fit_calibration measures with this and compares the
+// Rates are work per wall-clock second over a window in which every rank thread works (the
+// threads' share of the cores), the median over the threads; collective times are the median
+// of single calls. bench/fit_calibration measures with this and compares the
 // time model with the main job's measured steps.
 #include <algorithm>
 #include <chrono>
@@ -50,19 +51,20 @@ inline double gpt_forward_flops_per_token(const gpt::gpt_config& c) {
   return c.n_layers * (2 * (3 * d * d + d * d + 2 * d * f) + 2 * t * d) + 2 * d * v;
 }
 
-// Runs `once` repeatedly for about `budget_s` (at least 5 times) and returns the median time of
-// one run: a run that another process preempted does not move it.
+// Wall time per run of `once` over a window of `budget_s` (at least 3 runs). The rank threads
+// run their windows at the same time, so where they share cores (with each other, or with
+// other processes) each thread's figure is its share while the others run too: what a rank
+// gets during a step.
 template <class F>
-double median_seconds(double budget_s, F&& once) {
+double seconds_per_run(double budget_s, F&& once) {
   once();  // warm: allocations, caches
-  std::vector<double> t;
+  int runs = 0;
   const auto start = clock::now();
-  while (t.size() < 5 || seconds_since(start) < budget_s) {
-    const auto t0 = clock::now();
+  while (runs < 3 || seconds_since(start) < budget_s) {
     once();
-    t.push_back(seconds_since(t0));
+    ++runs;
   }
-  return median(std::move(t));
+  return seconds_since(start) / runs;
 }
 
 // The example's linear layers at `rows` tokens: forward and both backward products.
@@ -78,7 +80,7 @@ inline double gemm_gflops(const gpt::gpt_config& c, int rows, double budget_s) {
     dys.push_back(gpt::mat<float>::Random(rows, out));
     flops += 3.0 * 2.0 * double(rows) * in * out;
   }
-  return flops / median_seconds(budget_s, [&] {
+  return flops / seconds_per_run(budget_s, [&] {
            for (std::size_t k = 0; k < xs.size(); ++k) {
              gpt::layers::linear_forward<float>(xs[k], ws[k].data(), nullptr, ws[k].cols(), ys[k]);
              gpt::layers::linear_backward<float>(xs[k], dys[k], ws[k].data(), dws[k].data(), nullptr, dxs[k]);
@@ -92,7 +94,7 @@ inline double model_gflops(const gpt::gpt_config& c, int batch, double budget_s)
   const gpt::corpus data = gpt::corpus::synthetic(1234, c.vocab);
   const gpt::batch b = data.get_rows(0, 0, batch, c.seq_len);
   const double flops = 3.0 * gpt_forward_flops_per_token(c) * double(batch) * c.seq_len;
-  return flops / median_seconds(budget_s, [&] {
+  return flops / seconds_per_run(budget_s, [&] {
            m.zero_grad();
            (void)gpt::forward_backward(m, b.tokens, b.targets, b.batch_size, b.seq_len, ws);
          }) / 1e9;
@@ -104,7 +106,7 @@ inline double adam_gelems(double budget_s) {
   const zshard::optim::adamw_config cfg;
   const auto path = zshard::optim::best_path();
   int step = 0;
-  return double(n) / median_seconds(budget_s, [&] {
+  return double(n) / seconds_per_run(budget_s, [&] {
            const auto s = zshard::optim::make_adamw_step(cfg, ++step, 1.0f, true);
            zshard::optim::adamw_update_on(path, s, master.data(), mom.data(), var.data(), grad.data(), n, nullptr,
                                           zshard::dtype::f32);
@@ -153,6 +155,12 @@ inline host_measurement measure_host(int ranks, const gpt::gpt_config& c, int ba
     bw.push_back(b);
   });
   return {ranks, cd::median(gemm), cd::median(model), cd::median(adam), cd::median(bw), cd::median(lat) * 1e6};
+}
+
+// The mean of two measurements (before and after a run: the machine's load drifts).
+inline host_measurement mean_of(const host_measurement& a, const host_measurement& b) {
+  return {a.ranks, 0.5 * (a.gemm_gflops + b.gemm_gflops), 0.5 * (a.model_gflops + b.model_gflops),
+          0.5 * (a.adam_gelems + b.adam_gelems), 0.5 * (a.comm_gbps + b.comm_gbps), 0.5 * (a.latency_us + b.latency_us)};
 }
 
 // The `host` kind's rates with these measurements in place.

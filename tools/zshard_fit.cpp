@@ -379,10 +379,24 @@ int fit(const fit_options& o) {
       std::printf("    (%zu more alike: larger budgets with the same time and memory, not shown)\n", alike);
     if (baseline) print_candidate("you", *baseline, tokens);
   }
-  if (baseline)
-    std::printf("\nyour configuration (%s): %s%s\n", o.deepspeed.c_str(),
-                baseline->outcome == fit_outcome::fits ? "fits" : "does not fit: ",
-                baseline->outcome == fit_outcome::fits ? "" : baseline->reason.c_str());
+  if (baseline) {
+    std::printf("\nyour configuration (%s): stage %d, optimizer on the %s, parameters on the %s, prefetch %zu, "
+                "max live %zu, bucket %zu, micro-batch %d x %d, checkpointing %s\n",
+                o.deepspeed.c_str(), baseline->candidate.family.stage, to_string(baseline->candidate.family.optimizer),
+                tier_short(baseline->candidate.family.params), baseline->candidate.prefetch_numel,
+                baseline->candidate.max_live_numel, baseline->candidate.bucket_numel,
+                baseline->candidate.step.micro_batch, baseline->candidate.step.accumulation,
+                checkpoint_words(baseline->candidate.step.checkpoint_every).c_str());
+    if (baseline->plan)
+      std::printf("  %s: device %.3f GiB of %.1f (ledger %.3f), host %.1f GiB per node of %.0f, NVMe %.1f GiB per node; "
+                  "predicted %.4g s per step (%s)\n",
+                  baseline->outcome == fit_outcome::fits ? "fits" : ("does not fit (" + baseline->reason + ")").c_str(),
+                  gib(baseline->device_total), pr.machine.rates.device_gib, gib(baseline->plan->device.total_peak),
+                  gib(baseline->host_per_node), pr.machine.rates.host_gib, gib(baseline->nvme_per_node),
+                  baseline->time.total, baseline->time.dominant());
+    else
+      std::printf("  refused: %s\n", baseline->reason.c_str());
+  }
   const fit_entry* best = r.best();
   if (!best) {
     std::printf("\nnothing fits this machine: see what rules out each family above\n");
@@ -399,9 +413,21 @@ int fit(const fit_options& o) {
   std::printf("\nchosen: %s; prefetch %zu, max live %zu, bucket %zu; %s\n",
               describe(best->candidate.family, pr.world()).c_str(), best->candidate.prefetch_numel,
               best->candidate.max_live_numel, best->candidate.bucket_numel, step_words.c_str());
-  std::printf("  plan: device %.3f GiB of %.1f (ledger %.3f, peak at %s); host %.1f GiB per node; NVMe %.1f GiB per node\n",
-              gib(best->device_total), pr.machine.rates.device_gib, gib(best->plan->device.total_peak),
-              best->plan->device.peak_phase.c_str(), gib(best->host_per_node), gib(best->nvme_per_node));
+  if (pr.machine.rates.device_is_host)
+    std::printf("  plan: %.3f GiB per rank (device ledger %.3f, peak at %s; host ledger %.3f), %.3f GiB per node of %.0f\n",
+                gib(best->device_total + best->plan->host.total_peak), gib(best->plan->device.total_peak),
+                best->plan->device.peak_phase.c_str(), gib(best->plan->host.total_peak),
+                gib((best->device_total + best->plan->host.total_peak) * std::size_t(pr.machine.ranks_per_node)),
+                pr.machine.rates.host_gib);
+  else
+    std::printf("  plan: device %.3f GiB of %.1f (ledger %.3f, peak at %s); host %.1f GiB per node of %.0f; NVMe %.1f "
+                "GiB per node of %.0f\n",
+                gib(best->device_total), pr.machine.rates.device_gib, gib(best->plan->device.total_peak),
+                best->plan->device.peak_phase.c_str(), gib(best->host_per_node), pr.machine.rates.host_gib,
+                gib(best->nvme_per_node), pr.machine.rates.nvme_gib);
+  if (baseline && baseline->plan && baseline->time.total > 0)
+    std::printf("  predicted %.4g s per step against your configuration's %.4g: %.2fx its speed\n", best->time.total,
+                baseline->time.total, baseline->time.total / best->time.total);
   std::printf("\nengine options (C++):\n%s", config::engine_config_cpp(cfg, "cfg", "  ").c_str());
   std::printf("policies: %s", policies_cpp(best->candidate).c_str());
   const bool host_opt = best->candidate.family.optimizer != fit_optimizer::device;

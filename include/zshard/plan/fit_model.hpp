@@ -52,6 +52,9 @@ struct fit_model {
   // The checkpointing choices the training stack offers (checkpoint_every values); empty: none,
   // every block, every 2nd and every 4th block.
   std::vector<int> checkpoint_choices{};
+  // Where the training stack can keep the optimizer state (plan/fit_candidate.hpp); empty: the
+  // device, the host and NVMe (when the machine has drives).
+  std::vector<int> optimizer_choices{};  // fit_optimizer values
   // The main job's model (examples/02_train_gpt): the fit prints its command line.
   bool main_job = false;
 

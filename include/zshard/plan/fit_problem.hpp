@@ -91,6 +91,10 @@ inline fit_axes default_axes(const fit_problem& pr) {
   const int world = mc.world();
   a.optimizers = {fit_optimizer::device, fit_optimizer::host};
   if (mc.has_nvme()) a.optimizers.push_back(fit_optimizer::nvme);
+  if (!pr.model.optimizer_choices.empty()) {
+    a.optimizers.clear();
+    for (int o : pr.model.optimizer_choices) a.optimizers.push_back(fit_optimizer(o));
+  }
   a.params = {offload_tier::device};
   if (!mc.rates.device_is_host) a.params.push_back(offload_tier::host);
   for (int g : detail::divisors(world))
