@@ -6,7 +6,10 @@
 //                      zshard_gpt_runner does on the host. Generic over the engine: against the
 //                      schedule recorder (plan/schedule_recorder.hpp) it opens the same scopes
 //                      and reports the same activation bytes without computing anything, so the
-//                      planner sees the run's schedule.
+//                      planner sees the run's schedule. Generic over the model too: any with
+//                      embed / blocks / head modules and ops_gpt's calls (the Llama,
+//                      examples/llama/llama_model.hpp, runs through it); a model with
+//                      loss_denominator() says what its loss is a mean over (else B x T).
 //   plain_trainer      without zshard: every parameter resident (working copy, f32 master,
 //                      AdamW moments, f32 gradient), the same global-norm clipping and the same
 //                      backend AdamW kernel: the baseline the engine is measured against.
@@ -52,26 +55,30 @@ class scope_ptrs {
   const Scope& s_;
 };
 
-template <class Engine, class Ops>
+template <class Engine, class Ops, class Model = ops_gpt<Ops>, class Ids = zshard_model>
 class ops_engine_runner {
  public:
   using half_t = typename Ops::half_t;
   static constexpr bool computes = Engine::backend_type::holds_storage;
 
   // model: null only when the engine records a schedule (nothing is computed).
-  ops_engine_runner(Engine& eng, const zshard_model& ids, ops_gpt<Ops>* model, std::size_t activation_bytes,
-                    bool checkpoint)
+  ops_engine_runner(Engine& eng, const Ids& ids, Model* model, std::size_t activation_bytes, bool checkpoint)
       : eng_(eng), ids_(ids), model_(model), activation_bytes_(activation_bytes), checkpoint_(checkpoint) {}
 
   // Forward and backward of one micro-batch; gradients accumulate in the engine until step().
   void train_micro_batch(const batch& b) {
     if constexpr (computes) model_->load_batch(b);
     float grad_weight = 0.0f;  // d(loss_scale x mean loss) / d(row loss)
-    if constexpr (computes) grad_weight = eng_.loss_scale() / float(std::size_t(b.batch_size) * b.seq_len);
+    if constexpr (computes) {
+      if constexpr (requires { model_->loss_denominator(); })
+        grad_weight = eng_.loss_scale() / model_->loss_denominator();
+      else
+        grad_weight = eng_.loss_scale() / float(std::size_t(b.batch_size) * b.seq_len);
+    }
     forward(zshard::use_kind::counted, grad_weight);
     eng_.begin_backward();
     with(eng_.backward(ids_.head), [&](auto& p) { model_->head_backward(p); });
-    for (int l = ids_.config.n_layers; l-- > 0;) {
+    for (int l = layers(); l-- > 0;) {
       const auto m = ids_.blocks[std::size_t(l)];
       if (checkpoint_) with(eng_.recompute(m), [&](auto& p) { model_->block_forward(l, p); });
       with(eng_.backward(m), [&](auto& p) { model_->block_backward(l, p); });
@@ -105,14 +112,16 @@ class ops_engine_runner {
     with(eng_.forward(ids_.embed, kind), [&](auto& p) { model_->embed_forward(p); });
     // The arena is the model's whole activation memory, held from the first forward on.
     eng_.report_activations(activation_bytes_);
-    for (int l = 0; l < ids_.config.n_layers; ++l)
+    for (int l = 0; l < layers(); ++l)
       with(eng_.forward(ids_.blocks[std::size_t(l)], kind), [&](auto& p) { model_->block_forward(l, p); });
     with(eng_.forward(ids_.head, kind), [&](auto& p) { model_->head_forward(p, grad_weight); });
   }
 
+  int layers() const { return int(ids_.blocks.size()); }
+
   Engine& eng_;
-  const zshard_model& ids_;
-  ops_gpt<Ops>* model_;
+  const Ids& ids_;
+  Model* model_;
   std::size_t activation_bytes_;
   bool checkpoint_;
 };

@@ -34,6 +34,9 @@ struct pretrained_options {
   std::map<std::string, std::string> rename{};                // model name -> name in the files
   std::function<std::string(const std::string&)> name_map{};  // model name -> name in the files (wins over rename)
   bool allow_unexpected = false;                             // tensors in the files no parameter maps to
+  // File tensors no parameter maps to that are skipped without a word (e.g. the rotary_emb.inv_freq
+  // buffers of older Llama checkpoints); the others are errors unless allow_unexpected.
+  std::function<bool(const std::string&)> ignorable{};
   std::size_t chunk_bytes = std::size_t{64} << 20;           // host memory each rank moves data through
 };
 
@@ -116,7 +119,8 @@ pretrained_report load_pretrained(Engine& eng, const std::string& path, const pr
       if (!param_dtype_of(t->type)) mismatched.push_back(label + ": dtype " + safetensors_name(t->type) + " is not F32/BF16/F16");
     }
     for (const auto& l : src->tensors())
-      if (!used.count(l.tensor->name)) rep.unexpected.push_back(l.tensor->name);
+      if (!used.count(l.tensor->name) && !(o.ignorable && o.ignorable(l.tensor->name)))
+        rep.unexpected.push_back(l.tensor->name);
     const bool bad_unexpected = !o.allow_unexpected && !rep.unexpected.empty();
     if (!missing.empty() || !mismatched.empty() || bad_unexpected) {
       std::string msg = "'" + path + "' does not match the model (" + eng.spec().label() + "):";
