@@ -107,36 +107,61 @@ inline void check_export_options(const export_options& o) {
                  "export_options::source must be working or master");
 }
 
-template <class Engine>
-void export_engine(Engine& eng, const std::string& out, const export_options& o = {}) {
-  check_export_options(o);
+namespace detail {
+// One file an export writes: the parameters it holds, in file order, under their names there.
+struct export_file {
+  std::string path;
+  std::vector<param_id> params;
+  std::vector<std::string> names;
+};
+
+// The collective body of an engine export into `files` (each inside the temporary directory
+// `tmp`): rank 0 runs prepare(), creates every file with its header at its full size and the
+// markers; every rank writes the elements it owns of each parameter straight to their offsets
+// (pwrite) through one chunk; the ranks meet through the markers; rank 0 runs commit() (which
+// moves the files into place). `tmp` is removed afterwards, and on failure with all it held.
+template <class Engine, class Prepare, class Commit>
+void export_files(Engine& eng, const manifest& m, const std::string& tmp, const std::vector<export_file>& files,
+                  const export_options& o, const std::string& what, Prepare&& prepare, Commit&& commit) {
   // Ranks meet over the whole job; under hybrid sharding only replica 0's shard group writes.
   const int rank = job_comm(eng).rank(), world = job_comm(eng).size();
   const int shard_rank = eng.comm().rank();
   const bool writes = replica_of(eng) == 0;
-  const std::string what = "export to '" + out + "'";
   const io_hook* hook = o.hook ? &o.hook : nullptr;
-  const manifest m = describe_engine(eng);
-  const std::string tmp = out + ".zshard-export.tmp", data = tmp + "/data.safetensors";
   const std::string markers = tmp + "/markers";
-  std::vector<std::uint64_t> offsets;
-  const std::string header = make_header(export_plan(m.params, o.type), {{"format", "pt"}}, &offsets);
+  std::vector<std::string> headers;
+  std::vector<std::uint64_t> file_bytes;
+  std::vector<std::size_t> file_of(m.params.size(), files.size());
+  std::vector<std::uint64_t> start(m.params.size(), 0);  // a parameter's data offset in its file
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    std::vector<planned_tensor> plan;
+    for (std::size_t i = 0; i < files[f].params.size(); ++i)
+      plan.push_back({files[f].names[i], file_dtype_of(o.type), m.params[files[f].params[i]].file_shape()});
+    std::vector<std::uint64_t> offsets;
+    headers.push_back(make_header(plan, {{"format", "pt"}}, &offsets));
+    std::uint64_t end = headers.back().size();
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      const param_id p = files[f].params[i];
+      file_of[p] = f;
+      start[p] = headers.back().size() + offsets[i];
+      end += plan[i].bytes();
+    }
+    file_bytes.push_back(end);
+  }
   try {
     agree(eng, what, [&] {
       if (rank != 0) return;
-      std::error_code ec;
-      if (std::filesystem::is_directory(out, ec))
-        throw error(error_kind::io, "'" + out + "' is a directory",
-                    "name the output file, e.g. '" + (std::filesystem::path(out) / "model.safetensors").string() + "'");
+      prepare();
       remove_tree(tmp, hook);
       make_directories(markers, hook);
       prepare_markers(markers, world, hook);
-      file_handle f = file_handle::create(data, hook);
-      f.write_all(header.data(), header.size());
-      std::uint64_t end = header.size();
-      for (const auto& t : export_plan(m.params, o.type)) end += t.bytes();
-      f.truncate(end);
-      f.close();
+      for (std::size_t f = 0; f < files.size(); ++f) {
+        make_directories(std::filesystem::path(files[f].path).parent_path().string(), hook);
+        file_handle h = file_handle::create(files[f].path, hook);
+        h.write_all(headers[f].data(), headers[f].size());
+        h.truncate(file_bytes[f]);
+        h.close();
+      }
     });
     write_and_meet(
         eng, markers, o.io_timeout, what,
@@ -152,34 +177,36 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
           std::uint64_t chunk_needed = 0;
           for (param_id p = 0; writes && p < m.params.size(); ++p) {
             const auto& mp = m.params[p];
-            const auto [b, e] = mp.replicated ? (shard_rank == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, mp.numel}
-                                                           : std::pair<std::uint64_t, std::uint64_t>{0, 0})
-                                              : held_range(eng, p);
+            const auto [b, e] = file_of[p] == files.size() ? std::pair<std::uint64_t, std::uint64_t>{0, 0}
+                                : mp.replicated ? (shard_rank == 0 ? std::pair<std::uint64_t, std::uint64_t>{0, mp.numel}
+                                                                   : std::pair<std::uint64_t, std::uint64_t>{0, 0})
+                                                : held_range(eng, p);
             const state_field fld = mp.trainable ? o.source : state_field::working;
             pieces.push_back({b, e, fld, fld == state_field::working ? mp.type : dtype::f32});
             const dtype from = pieces.back().from;
-            chunk_needed = std::max(chunk_needed, mp.file_transposed
-                                                      ? detail::transposed_chunk_bytes_for(e - b, from, o.type)
-                                                      : chunk_bytes_for(e - b, from, o.type));
+            chunk_needed = std::max(chunk_needed, mp.file_transposed ? transposed_chunk_bytes_for(e - b, from, o.type)
+                                                                     : chunk_bytes_for(e - b, from, o.type));
           }
           lazy_host_staging<typename Engine::backend_type> chunk(eng.backend(), o.chunk_bytes);
           chunk.fit(chunk_needed);
-          file_handle f(data, O_WRONLY, 0644, hook);
+          std::vector<file_handle> out(files.size());  // opened at this rank's first piece in each
           for (param_id p = 0; p < pieces.size(); ++p) {
             const auto& mp = m.params[p];
             const auto [b, e, fld, from] = pieces[p];
             if (e == b) continue;
+            file_handle& f = out[file_of[p]];
+            if (!f) f = file_handle(files[file_of[p]].path, O_WRONLY, 0644, hook);
             if (mp.file_transposed) {
-              const std::uint64_t start = header.size() + offsets[p];
-              detail::copy_to_transposed(
-                  static_cast<char*>(chunk.data()), chunk.bytes(), std::uint64_t(mp.shape[0]), std::uint64_t(mp.shape[1]), b, e, from,
-                  o.type, [&](std::uint64_t g, std::size_t k, void* dst) { eng.read_shard(p, fld, g - b, dst, k); },
+              copy_to_transposed(
+                  static_cast<char*>(chunk.data()), chunk.bytes(), std::uint64_t(mp.shape[0]), std::uint64_t(mp.shape[1]),
+                  b, e, from, o.type,
+                  [&](std::uint64_t g, std::size_t k, void* dst) { eng.read_shard(p, fld, g - b, dst, k); },
                   [&](std::uint64_t at, std::size_t k, const void* src) {
-                    f.write_at(start + at * size_of(o.type), src, k * size_of(o.type));
+                    f.write_at(start[p] + at * size_of(o.type), src, k * size_of(o.type));
                   });
               continue;
             }
-            const std::uint64_t base = header.size() + offsets[p] + b * size_of(o.type);
+            const std::uint64_t base = start[p] + b * size_of(o.type);
             chunked_copy(
                 static_cast<char*>(chunk.data()), chunk.bytes(), e - b, from, o.type,
                 [&](std::uint64_t first, std::size_t k, void* dst) { eng.read_shard(p, fld, first, dst, k); },
@@ -187,16 +214,16 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
                   f.write_at(base + first * size_of(o.type), src, k * size_of(o.type));
                 });
           }
-          f.sync();
-          f.close();
+          for (auto& f : out)
+            if (f) {
+              f.sync();
+              f.close();
+            }
           return std::string("ok");
         },
         [] {}, hook);
     agree(eng, what, [&] {
-      if (rank != 0) return;
-      rename_path(data, out, hook);
-      const auto parent = std::filesystem::path(out).parent_path().string();
-      sync_directory(parent.empty() ? "." : parent, hook);
+      if (rank == 0) commit();
     });
   } catch (...) {
     // Every rank fails at the same point (agree and write_and_meet fail on all alike): once all
@@ -219,6 +246,33 @@ void export_engine(Engine& eng, const std::string& out, const export_options& o 
       remove_tree(tmp, hook);
     } catch (const error&) {  // leftovers: the next export to `out` removes them
     }
+}
+}  // namespace detail
+
+template <class Engine>
+void export_engine(Engine& eng, const std::string& out, const export_options& o = {}) {
+  check_export_options(o);
+  const io_hook* hook = o.hook ? &o.hook : nullptr;
+  const manifest m = describe_engine(eng);
+  const std::string tmp = out + ".zshard-export.tmp", data = tmp + "/data.safetensors";
+  detail::export_file file{data, {}, {}};
+  for (param_id p = 0; p < m.params.size(); ++p) {
+    file.params.push_back(p);
+    file.names.push_back(m.params[p].name);
+  }
+  detail::export_files(
+      eng, m, tmp, {file}, o, "export to '" + out + "'",
+      [&] {
+        std::error_code ec;
+        if (std::filesystem::is_directory(out, ec))
+          throw error(error_kind::io, "'" + out + "' is a directory",
+                      "name the output file, e.g. '" + (std::filesystem::path(out) / "model.safetensors").string() + "'");
+      },
+      [&] {
+        rename_path(data, out, hook);
+        const auto parent = std::filesystem::path(out).parent_path().string();
+        sync_directory(parent.empty() ? "." : parent, hook);
+      });
 }
 
 // A sharded checkpoint (a checkpoint directory, or a directory with `latest`) to one file.
