@@ -19,6 +19,7 @@
 #include <fstream>
 
 #include "zshard/core/read_number.hpp"
+#include "zshard/plan/hf_shape.hpp"
 #include "zshard/plan/memory_plan.hpp"
 #include "zshard/config/deepspeed_config.hpp"
 #include "zshard/plan/phantom_run.hpp"
@@ -45,6 +46,8 @@ write_schedule_file; the file's settings are the defaults, options below overrid
 
   --schedule FILE       plan the model and schedule in FILE instead of a Llama shape
   --model NAME          llama3-8b | llama3-70b | llama2-13b        (default llama3-70b)
+  --hf-config FILE      the Llama a Hugging Face config.json describes (or a checkpoint
+                        directory holding one): layers, sizes, heads, vocab, tied embeddings
   --hooks on|off        modules at DeepSpeed's hook granularity (projections and norms),
                         each block a checkpointed segment; off: one module per block (default on)
   --world N             data-parallel ranks                        (default 8)
@@ -138,6 +141,15 @@ std::size_t count(const std::string& flag, const std::string& v) {
   return *n;
 }
 
+// --hf-config FILE: a config the planner cannot read is a bad command line (exit 2), said whole.
+transformer_shape hf_shape(const std::string& path) {
+  try {
+    return transformer_shape_from_hf_config(path);
+  } catch (const error& e) {
+    throw usage_error("--hf-config: " + std::string(e.what()));
+  }
+}
+
 // --deepspeed-config FILE: its values first (with --model's hidden size for the Trainer's
 // "auto" rules), so that every other option on the command line overrides them.
 void apply_deepspeed_config(options& o, const std::vector<std::string>& args) {
@@ -146,6 +158,7 @@ void apply_deepspeed_config(options& o, const std::vector<std::string>& args) {
     if (args[i] == "--deepspeed-config") path = args[i + 1];
     if (args[i] == "--model")
       if (auto s = transformer_shape_named(args[i + 1])) o.shape = *s;
+    if (args[i] == "--hf-config") o.shape = hf_shape(args[i + 1]);
   }
   if (path.empty()) return;
   const auto ds = config::read_deepspeed_config(path, {.hidden_size = std::size_t(o.shape.hidden)});
@@ -203,6 +216,8 @@ const option_rule option_rules[] = {
        if (!s) throw usage_error("unknown model '" + v + "' (known: llama3-8b, llama3-70b, llama2-13b)");
        o.shape = *s;
      }},
+    {"--hf-config", false,
+     [](options& o, const std::string&, const std::string& v) { o.shape = hf_shape(v); }},
     {"--world", true, [](options& o, const std::string& a, const std::string& v) { o.world = ranks(a, v); }},
     {"--shard-group", true,
      [](options& o, const std::string& a, const std::string& v) { o.cfg.hybrid.shard_group_size = ranks(a, v); }},
@@ -305,6 +320,12 @@ options parse(const std::vector<std::string>& args) {
     rule->apply(o, a, v);
     if (rule->file_setting) o.overrides.emplace_back(a, v);
   }
+  bool model = false, hf = false;
+  for (const auto& a : args) {
+    model = model || a == "--model";
+    hf = hf || a == "--hf-config";
+  }
+  if (model && hf) throw usage_error("--model and --hf-config both name the model: give one");
   // Activation bytes are products of these: keep them far from overflowing 64 bits.
   if (o.act.micro_batch * o.act.seq_len > 1'000'000'000)
     throw usage_error("--micro-batch x --seq is more than 1e9 tokens per micro-batch");
