@@ -8,6 +8,8 @@
 #include <cmath>
 
 #include "zshard/checkpoint/checkpoint.hpp"
+#include "zshard/checkpoint/hf_checkpoint.hpp"
+#include "zshard/checkpoint/hf_export.hpp"
 #include "zshard/plan/memory_plan.hpp"
 #include "zshard/testing/invariants.hpp"
 #include "zshard/zshard.hpp"
@@ -36,6 +38,9 @@ namespace readme_snippets {
   ck::save(eng, "ckpt", {.keep_last = 3, .user_state = data_position});
   [[maybe_unused]] auto info = ck::load(eng, "ckpt");
   ck::export_engine(eng, "model.safetensors", {.type = zshard::dtype::bf16});
+  ck::hf_llama_config hf = ck::read_hf_llama_config("Llama-3.1-8B");  // "Fine-tune a Hugging Face Llama"
+  ck::load_hf(eng, "Llama-3.1-8B");
+  ck::export_hf(eng, "out", {.type = zshard::dtype::bf16, .config = hf.to_json(zshard::dtype::bf16)});
 }
 }  // namespace readme_snippets
 
