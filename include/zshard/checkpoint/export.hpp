@@ -2,7 +2,9 @@
 // Export: the model as one safetensors file (spec names, bf16 or f32, 1 tensor per parameter
 // with its shape), from a running engine or from a sharded checkpoint on disk. A parameter
 // registered with param_options::file_transposed (a linear weight kept as (in, out)) is written
-// as its transpose, torch's (out, in), with the shape reversed (transposed_copy.hpp).
+// as its transpose, torch's (out, in), with the shape reversed (transposed_copy.hpp), and the
+// file's metadata "zshard_transposed" lists every such tensor (file_layout.hpp), so that a
+// loading model registered otherwise is refused instead of loading a square weight transposed.
 //
 // From an engine (export_engine, collective): rank 0 writes the header and sizes the file;
 // then every rank writes the elements it owns straight to their offsets (pwrite), through one
@@ -25,6 +27,7 @@
 #include "zshard/checkpoint/agreement.hpp"
 #include "zshard/checkpoint/checkpoint_dir.hpp"
 #include "zshard/checkpoint/chunked_copy.hpp"
+#include "zshard/checkpoint/file_layout.hpp"
 #include "zshard/checkpoint/host_staging.hpp"
 #include "zshard/checkpoint/manifest.hpp"
 #include "zshard/checkpoint/rank_writes.hpp"
@@ -50,6 +53,21 @@ inline std::vector<planned_tensor> export_plan(const std::vector<manifest_param>
   std::vector<planned_tensor> plan;
   for (const auto& p : params) plan.push_back({p.name, file_dtype_of(type), p.file_shape()});
   return plan;
+}
+
+// An export's "__metadata__": torch's "format" and, when `record_layout`, the layout it records
+// (file_layout.hpp): the tensors it holds as the transpose of the model's parameter, by their
+// names in the file.
+inline std::map<std::string, std::string> export_metadata(const std::vector<std::string>& transposed,
+                                                          bool record_layout = true) {
+  if (!record_layout) return {{"format", "pt"}};
+  return {{"format", "pt"}, {transposed_metadata_key, transposed_metadata(transposed)}};
+}
+inline std::map<std::string, std::string> export_metadata(const std::vector<manifest_param>& params) {
+  std::vector<std::string> transposed;
+  for (const auto& p : params)
+    if (p.file_transposed) transposed.push_back(p.name);
+  return export_metadata(transposed);
 }
 
 namespace detail {
@@ -120,9 +138,12 @@ struct export_file {
 // markers; every rank writes the elements it owns of each parameter straight to their offsets
 // (pwrite) through one chunk; the ranks meet through the markers; rank 0 runs commit() (which
 // moves the files into place). `tmp` is removed afterwards, and on failure with all it held.
+// record_layout: each file's metadata lists its transposed tensors (file_layout.hpp); false
+// writes torch's {"format": "pt"} alone (export_hf: the files transformers writes, byte for byte).
 template <class Engine, class Prepare, class Commit>
 void export_files(Engine& eng, const manifest& m, const std::string& tmp, const std::vector<export_file>& files,
-                  const export_options& o, const std::string& what, Prepare&& prepare, Commit&& commit) {
+                  const export_options& o, const std::string& what, Prepare&& prepare, Commit&& commit,
+                  bool record_layout = true) {
   // Ranks meet over the whole job; under hybrid sharding only replica 0's shard group writes.
   const int rank = job_comm(eng).rank(), world = job_comm(eng).size();
   const int shard_rank = eng.comm().rank();
@@ -138,7 +159,10 @@ void export_files(Engine& eng, const manifest& m, const std::string& tmp, const 
     for (std::size_t i = 0; i < files[f].params.size(); ++i)
       plan.push_back({files[f].names[i], file_dtype_of(o.type), m.params[files[f].params[i]].file_shape()});
     std::vector<std::uint64_t> offsets;
-    headers.push_back(make_header(plan, {{"format", "pt"}}, &offsets));
+    std::vector<std::string> transposed;  // under their names in the file
+    for (std::size_t i = 0; i < files[f].params.size(); ++i)
+      if (m.params[files[f].params[i]].file_transposed) transposed.push_back(files[f].names[i]);
+    headers.push_back(make_header(plan, export_metadata(transposed, record_layout), &offsets));
     std::uint64_t end = headers.back().size();
     for (std::size_t i = 0; i < plan.size(); ++i) {
       const param_id p = files[f].params[i];
@@ -308,7 +332,7 @@ inline void export_checkpoint(const std::string& checkpoint, const std::string& 
                 "name the output file, e.g. '" + (std::filesystem::path(out) / "model.safetensors").string() + "'");
   const std::string tmp = out + ".zshard-export.tmp";
   try {
-    safetensors_writer w(tmp, export_plan(m.params, o.type), {{"format", "pt"}}, hook);
+    safetensors_writer w(tmp, export_plan(m.params, o.type), export_metadata(m.params), hook);
     for (const auto& mp : m.params) {
       const state_field fld = mp.trainable ? o.source : state_field::working;
       const dtype from = fld == state_field::working ? mp.type : dtype::f32;

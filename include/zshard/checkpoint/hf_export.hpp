@@ -122,7 +122,8 @@ void export_hf(Engine& eng, std::string dir, const hf_export_options& o = {}) {
         rename_path(staged, dir, hook);
         const auto parent = std::filesystem::path(dir).parent_path().string();
         sync_directory(parent.empty() ? "." : parent, hook);
-      });
+      },
+      false);  // transformers' files as it writes them: no zshard layout key (file_layout.hpp)
 }
 
 }  // namespace zshard::checkpoint

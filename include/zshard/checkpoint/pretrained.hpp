@@ -13,16 +13,22 @@
 // exact; f32 -> bf16/f16 rounds to nearest even). Optimizer moments and counters are left as
 // they are (zero in a fresh engine). A parameter registered with param_options::file_transposed
 // is read as the transpose of the file's tensor (shape reversed: torch's (out, in) for a weight
-// the model keeps as (in, out)), the layout export_engine writes.
+// the model keeps as (in, out)), the layout export_engine writes. A file that records its layout
+// (file_layout.hpp: zshard's exports list the tensors they hold transposed) must agree with every
+// parameter's registration: a square weight would otherwise load transposed without a word; a
+// file without the record (written by other tools) is read as the model's registration says.
 #include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "zshard/checkpoint/agreement.hpp"
 #include "zshard/checkpoint/chunked_copy.hpp"
+#include "zshard/checkpoint/file_layout.hpp"
 #include "zshard/checkpoint/host_staging.hpp"
 #include "zshard/checkpoint/safetensors_reader.hpp"
 #include "zshard/checkpoint/sharded_load.hpp"
@@ -38,6 +44,10 @@ struct pretrained_options {
   // buffers of older Llama checkpoints); the others are errors unless allow_unexpected.
   std::function<bool(const std::string&)> ignorable{};
   std::size_t chunk_bytes = std::size_t{64} << 20;           // host memory each rank moves data through
+  // A file that records its layout (metadata "zshard_transposed": zshard's exports) must agree
+  // with each parameter's param_options::file_transposed; false: the model's registration alone
+  // decides (for a model that keeps a weight in the other layout on purpose).
+  bool check_file_layout = true;
 };
 
 struct pretrained_report {
@@ -93,6 +103,7 @@ pretrained_report load_pretrained(Engine& eng, const std::string& path, const pr
     src = std::make_unique<safetensors_source>(path);
     std::vector<std::string> missing, mismatched;
     std::map<std::string, bool> used;
+    std::map<const safetensors_file*, std::optional<std::set<std::string>>> layouts;  // each file's, when it records one
     for (param_id p = 0; p < at.size(); ++p) {
       const auto& ps = eng.spec().params()[p];
       const std::string fname = file_name_for(o, ps.name);
@@ -117,6 +128,19 @@ pretrained_report load_pretrained(Engine& eng, const std::string& path, const pr
                              (ps.file_transposed ? ", held transposed, so the file should hold " + show(dims) : "") +
                              ", file " + show(t->shape));
       if (!param_dtype_of(t->type)) mismatched.push_back(label + ": dtype " + safetensors_name(t->type) + " is not F32/BF16/F16");
+      if (!o.check_file_layout) continue;
+      auto [layout, fresh] = layouts.try_emplace(at[p].file);
+      if (fresh) layout->second = transposed_tensors(at[p].file->header().metadata, at[p].file->path());
+      if (!layout->second || layout->second->count(t->name) == std::size_t(ps.file_transposed)) continue;
+      mismatched.push_back(
+          label + (ps.file_transposed
+                       ? ": the file holds it as the model that wrote it registered it (its metadata \"" +
+                             std::string(transposed_metadata_key) +
+                             "\" does not list it), this model registers it with file_transposed"
+                       : ": the file holds its transpose (its metadata \"" + std::string(transposed_metadata_key) +
+                             "\" lists it: the model that wrote it registered it with file_transposed), this model "
+                             "registers it without") +
+          ": it would load transposed");
     }
     for (const auto& l : src->tensors())
       if (!used.count(l.tensor->name) && !(o.ignorable && o.ignorable(l.tensor->name)))
@@ -130,7 +154,9 @@ pretrained_report load_pretrained(Engine& eng, const std::string& path, const pr
       for (const auto& s : mismatched) msg += "\n  mismatched: " + s;
       throw error(error_kind::config, msg,
                   "map names with pretrained_options::rename or name_map, allow_unexpected for extra tensors, "
-                  "or build the model the file holds");
+                  "or build the model the file holds (register a weight with file_transposed as the model that "
+                  "wrote the file did; pretrained_options::check_file_layout = false if this model keeps it in the "
+                  "other layout on purpose)");
     }
     // the chunk, no larger than this rank's largest piece needs (a small model is not charged
     // the whole chunk_bytes; a transposed piece holds the file's elements twice)
