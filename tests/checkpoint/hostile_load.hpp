@@ -64,7 +64,7 @@ outcome watched(Load&& load, const std::vector<std::string>& fifos = {}) {
       toy::ids id;
       zshard::host_backend backend;
       zshard::engine<zshard::host_backend, zshard::thread_comm> eng(backend, comm, toy::make_spec({}, id),
-                                                                   ckpt_test::engine_options());
+                                                                    ckpt_test::engine_options());
       const zshard::checkpoint::io_hook hook = [&](const zshard::checkpoint::io_event& e) {
         if (e.call == zshard::checkpoint::io_call::open || e.call == zshard::checkpoint::io_call::read) {
           std::lock_guard lock(mu);

@@ -112,7 +112,9 @@ const std::vector<hostile_case>& hostile_cases() {
        [](const std::string&, const std::string& step, const std::string&) { return fifo_at(step + "/manifest.json"); },
        "manifest.json' is a FIFO, not a regular file"},
       {"FIFO user state",
-       [](const std::string&, const std::string& step, const std::string&) { return fifo_at(step + "/user_state.bin"); },
+       [](const std::string&, const std::string& step, const std::string&) {
+         return fifo_at(step + "/user_state.bin");
+       },
        "user_state.bin' is a FIFO, not a regular file"},
       {"FIFO latest",
        [](const std::string& dir, const std::string&, const std::string&) { return fifo_at(dir + "/latest"); },
@@ -144,7 +146,8 @@ TEST_CASE("names, links and FIFOs that lead out of a checkpoint or block are ref
     CHECK(o.seconds < 1.0);
     CHECK(o.peak_growth < (std::uint64_t{64} << 20));  // nothing of the 1 GiB file was read
     CHECK(hostile_load::stayed_inside(o, dir.path()));
-    MESSAGE(std::string(c.name) << ": refused in " << o.seconds * 1e3 << " ms, peak memory +" << (o.peak_growth >> 10) << " KiB");
+    MESSAGE(std::string(c.name) << ": refused in " << o.seconds * 1e3 << " ms, peak memory +" << (o.peak_growth >> 10)
+                                << " KiB");
   }
 }
 
@@ -184,8 +187,8 @@ TEST_CASE("load_pretrained: an index naming a file outside its directory, or a F
   CHECK(contained_load::pretrained_watched(index).error == "");
 
   // a name leading out of the index's directory, to a file that holds every tensor
-  contained_load::write_model_and_index(dir.path(), "../" + fs::path(outside.path()).filename().string() +
-                                                        "/model.safetensors");
+  contained_load::write_model_and_index(dir.path(),
+                                        "../" + fs::path(outside.path()).filename().string() + "/model.safetensors");
   auto o = contained_load::pretrained_watched(index);
   CHECK(o.error.find("which is not a file name in the index's directory") != std::string::npos);
   CHECK(o.seconds < 1.0);

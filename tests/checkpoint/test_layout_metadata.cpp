@@ -23,8 +23,8 @@ struct square_model {
 };
 square_model make(bool transposed, float salt) {
   square_model m;
-  m.q = m.spec.add_param("q", {6, 6}, {.init = [=](std::int64_t i) { return float(i) + salt; },
-                                       .file_transposed = transposed});
+  m.q = m.spec.add_param("q", {6, 6},
+                         {.init = [=](std::int64_t i) { return float(i) + salt; }, .file_transposed = transposed});
   m.bias = m.spec.add_param("bias", {6}, {.init = [=](std::int64_t i) { return float(-i) - salt; }});
   m.spec.add_module("all", {m.q, m.bias});
   return m;
@@ -74,7 +74,8 @@ std::vector<float> transposed_6x6(const std::vector<float>& v) {
 }
 
 // `from` rewritten with `metadata` instead of its own (the same tensors and bytes).
-void rewrite_metadata(const std::string& from, const std::string& to, const std::map<std::string, std::string>& metadata) {
+void rewrite_metadata(const std::string& from, const std::string& to,
+                      const std::map<std::string, std::string>& metadata) {
   const ck::safetensors_file f(from);
   std::vector<ck::planned_tensor> plan;
   for (const auto& t : f.header().tensors) plan.push_back({t.name, t.type, t.shape});
@@ -144,7 +145,8 @@ TEST_CASE("a file without the layout key (other tools) loads as the model regist
   });
   layout_metadata_test::rewrite_metadata(dir / "export.safetensors", dir / "plain.safetensors", {{"format", "pt"}});
   // read as the model says, either way (what the file holds cannot be told)
-  CHECK(layout_metadata_test::load_into(true, dir / "plain.safetensors").second == layout_metadata_test::q_values(0.0f));
+  CHECK(layout_metadata_test::load_into(true, dir / "plain.safetensors").second ==
+        layout_metadata_test::q_values(0.0f));
   CHECK(layout_metadata_test::load_into(false, dir / "plain.safetensors").second ==
         layout_metadata_test::transposed_6x6(layout_metadata_test::q_values(0.0f)));
   for (const char* bad : {"q", R"({"q": 1})", "[1]", "[[[\"q\"]]]"}) {

@@ -18,8 +18,8 @@ namespace manifest_budget_test {
 
 // A checkpoint of the 1-rank toy engine whose manifest gains `"junk": <value>` (sealed again).
 std::string checkpoint_with_junk(const std::string& dir, const std::string& value) {
-  const std::string step = ckpt_test::on_ranks(
-      1, ckpt_test::engine_options(), [&](auto& eng, const toy::ids&) { return ck::save(eng, dir).path; });
+  const std::string step = ckpt_test::on_ranks(1, ckpt_test::engine_options(),
+                                               [&](auto& eng, const toy::ids&) { return ck::save(eng, dir).path; });
   hostile_load::edit_manifest_text(step, [&](std::string& text) {
     text.erase(text.find_last_of('}'));
     text += ",\n \"junk\": " + value + "\n}";
@@ -40,6 +40,7 @@ TEST_CASE("a manifest beyond what the model's checkpoint can hold is refused fas
     const char* name;
     std::string value;
     std::string error;
+    double seconds = 1.0;  // at most
   };
   toy::ids id;
   const auto budget = ck::manifest_budget::for_model(toy::make_spec({}, id));
@@ -48,8 +49,10 @@ TEST_CASE("a manifest beyond what the model's checkpoint can hold is refused fas
        "bytes, more than the " + std::to_string(budget.max_bytes) + " a manifest of this model can have"},
       {"2 MB of nested arrays", manifest_budget_test::nested_arrays(2'000'000),
        "nests arrays or objects deeper than the 4 levels its format has"},
+      // walked value by value up to the budget (~527,000 here): 15-30 ms in a release build, over a
+      // second under TSan on a busy machine; its memory stays the text's
       {"an array of 1,000,000 numbers", manifest_budget_test::flat_array(1'000'000),
-       "values (keys, arrays, objects, scalars) its format can hold here"},
+       "values (keys, arrays, objects, scalars) its format can hold here", 10.0},
   };
   for (const auto& c : cases) {
     CAPTURE(std::string(c.name));
@@ -59,9 +62,10 @@ TEST_CASE("a manifest beyond what the model's checkpoint can hold is refused fas
     CAPTURE(o.error);
     CHECK(o.error.find("manifest.json' is not a valid zshard checkpoint manifest") != std::string::npos);
     CHECK(o.error.find(c.error) != std::string::npos);
-    CHECK(o.seconds < 1.0);
+    CHECK(o.seconds < c.seconds);
     CHECK(o.peak_growth < (std::uint64_t{48} << 20));
-    MESSAGE(std::string(c.name) << ": refused in " << o.seconds * 1e3 << " ms, peak memory +" << (o.peak_growth >> 10) << " KiB");
+    MESSAGE(std::string(c.name) << ": refused in " << o.seconds * 1e3 << " ms, peak memory +" << (o.peak_growth >> 10)
+                                << " KiB");
   }
 }
 

@@ -27,8 +27,9 @@ zshard::engine_config with_head_group() {
 // On 3 ranks: saves once (a checkpoint to keep), applies `diverge` (on some ranks), saves again;
 // returns the error every rank saw ("" when the save succeeded) and checks that a failed save
 // left the first checkpoint and `latest` as they were.
-std::string save_after(const std::string& dir, const std::function<void(zshard::engine<zshard::host_backend, zshard::thread_comm>&,
-                                                                       const toy::ids&, int rank)>& diverge) {
+std::string save_after(const std::string& dir,
+                       const std::function<void(zshard::engine<zshard::host_backend, zshard::thread_comm>&,
+                                                const toy::ids&, int rank)>& diverge) {
   ckpt_test::rank_errors errors;
   std::string first;
   ckpt_test::on_ranks(3, with_head_group(), [&](auto& eng, const toy::ids& id) {

@@ -103,7 +103,8 @@ pretrained_report load_pretrained(Engine& eng, const std::string& path, const pr
     src = std::make_unique<safetensors_source>(path);
     std::vector<std::string> missing, mismatched;
     std::map<std::string, bool> used;
-    std::map<const safetensors_file*, std::optional<std::set<std::string>>> layouts;  // each file's, when it records one
+    // each file's recorded layout (file_layout.hpp), when it records one
+    std::map<const safetensors_file*, std::optional<std::set<std::string>>> layouts;
     for (param_id p = 0; p < at.size(); ++p) {
       const auto& ps = eng.spec().params()[p];
       const std::string fname = file_name_for(o, ps.name);
